@@ -1,0 +1,188 @@
+//! The runner protocol: what a runner process gets in its environment, the gateway's
+//! internal API it talks to, and the JSON documents it exchanges.
+//!
+//! The same contract holds in a Job pod, a warm pool pod and a local child process.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Environment variable names.
+pub mod env {
+    /// Base URL of the gateway's internal API, e.g. `http://toolyard-gateway-internal:8081`.
+    pub const GATEWAY_URL: &str = "TOOLYARD_GATEWAY_URL";
+    /// The call- or task-scoped token (see [`crate::token`]).
+    pub const TOKEN: &str = "TOOLYARD_TOKEN";
+    /// The call or task id.
+    pub const RUN_ID: &str = "TOOLYARD_RUN_ID";
+    /// W3C trace context of the request that started the run.
+    pub const TRACEPARENT: &str = "TRACEPARENT";
+    /// Set for the tool command: where it writes its JSON result.
+    pub const RESULT_FILE: &str = "TOOLYARD_RESULT_FILE";
+    /// Set for the tool command: where it may write a short error message.
+    pub const ERROR_FILE: &str = "TOOLYARD_ERROR_FILE";
+    /// Set to `jsonl` for a reused worker process (Pool mode with `reuseProcess`).
+    pub const PROTOCOL: &str = "TOOLYARD_PROTOCOL";
+}
+
+/// Exit codes of the tool command, as the Python function runner uses them.
+pub mod exit_code {
+    /// The result file holds the result.
+    pub const OK: i32 = 0;
+    /// The function raised; the error file says what.
+    pub const TOOL_ERROR: i32 = 1;
+    /// The arguments did not fit the function.
+    pub const INVALID_ARGUMENTS: i32 = 2;
+    /// The result could not be encoded as JSON (e.g. NaN).
+    pub const BAD_RESULT: i32 = 3;
+}
+
+/// Paths of the gateway's internal API (a separate listener, reachable only from runners).
+pub mod path {
+    /// Prefix of every internal route.
+    pub const PREFIX: &str = "/internal/v1";
+
+    /// `GET`: the call's arguments (a JSON object).
+    pub fn call_input(id: &str) -> String {
+        format!("{PREFIX}/calls/{id}/input")
+    }
+    /// `PUT`: the call's [`super::CallResult`].
+    pub fn call_result(id: &str) -> String {
+        format!("{PREFIX}/calls/{id}/result")
+    }
+    /// `PUT`: a log stream (`stdout` or `stderr`) of the call, raw bytes.
+    pub fn call_log(id: &str, stream: &str) -> String {
+        format!("{PREFIX}/calls/{id}/logs/{stream}")
+    }
+    /// `POST`: lifecycle [`super::Event`]s of a call or task (`kind` is `calls` or `tasks`).
+    pub fn events(kind: &str, id: &str) -> String {
+        format!("{PREFIX}/{kind}/{id}/events")
+    }
+    /// `PUT` / `GET`: a task's artifact under `outputs/`.
+    pub fn task_output(id: &str, artifact: &str) -> String {
+        format!("{PREFIX}/tasks/{id}/outputs/{artifact}")
+    }
+    /// `POST`: call a tool as the task's owner.
+    pub fn task_tool_call(id: &str, tool: &str) -> String {
+        format!("{PREFIX}/tasks/{id}/tools/{tool}/call")
+    }
+}
+
+/// Why a call did not produce a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallErrorKind {
+    /// The tool reported a failure (it raised, or exited non-zero).
+    ToolError,
+    /// The tool refused its arguments.
+    InvalidArguments,
+    /// The result file was missing, not JSON, or held NaN/Infinity.
+    BadResult,
+    /// The tool was killed by a signal.
+    Crashed,
+    /// The deadline passed.
+    TimedOut,
+    /// The tool command could not be started.
+    SpawnFailed,
+    /// The run was cancelled.
+    Cancelled,
+}
+
+/// The outcome of a failed call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallError {
+    /// Classification.
+    pub kind: CallErrorKind,
+    /// A message for the user: the tool's own message when it gave one.
+    pub message: String,
+}
+
+/// What the runner uploads when a call ends (`result.json` of the call).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CallResult {
+    /// The JSON value the tool wrote, when it succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    /// The failure, when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<CallError>,
+    /// Exit code of the tool command, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Wall time of the tool command in milliseconds.
+    #[serde(default)]
+    pub duration_ms: u64,
+}
+
+impl CallResult {
+    /// A successful result.
+    pub fn ok(value: Value, duration_ms: u64) -> Self {
+        Self { value: Some(value), error: None, exit_code: Some(0), duration_ms }
+    }
+
+    /// A failed result.
+    pub fn err(kind: CallErrorKind, message: impl Into<String>, exit_code: Option<i32>, duration_ms: u64) -> Self {
+        Self { value: None, error: Some(CallError { kind, message: message.into() }), exit_code, duration_ms }
+    }
+
+    /// True when the call failed.
+    pub fn is_error(&self) -> bool {
+        self.error.is_some()
+    }
+}
+
+/// MCP `structuredContent` for a tool result value: objects as they are, anything else as
+/// `{"result": value}` (the generated `outputSchema` describes the same wrapping).
+pub fn structured_content(value: &Value) -> serde_json::Map<String, Value> {
+    match value {
+        Value::Object(map) => map.clone(),
+        other => {
+            let mut map = serde_json::Map::new();
+            map.insert("result".into(), other.clone());
+            map
+        }
+    }
+}
+
+/// One lifecycle event, as stored in `events/<segment>.jsonl`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// RFC 3339 time.
+    pub time: String,
+    /// Event type, e.g. `tool_call_started`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Event details (never secrets or argument values of other users).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub data: Value,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn call_result_json_shape_is_stable() {
+        let ok = CallResult::ok(json!({"price": 10.45}), 12);
+        assert_eq!(serde_json::to_value(&ok).unwrap(), json!({"value": {"price": 10.45}, "exitCode": 0, "durationMs": 12}));
+        let err = CallResult::err(CallErrorKind::TimedOut, "timed out after 2s", None, 2000);
+        assert_eq!(
+            serde_json::to_value(&err).unwrap(),
+            json!({"error": {"kind": "timed_out", "message": "timed out after 2s"}, "durationMs": 2000})
+        );
+        assert!(err.is_error());
+    }
+
+    #[test]
+    fn non_object_values_are_wrapped() {
+        assert_eq!(Value::Object(structured_content(&json!(3.5))), json!({"result": 3.5}));
+        assert_eq!(Value::Object(structured_content(&json!({"a": 1}))), json!({"a": 1}));
+    }
+
+    #[test]
+    fn paths() {
+        assert_eq!(path::call_input("c1"), "/internal/v1/calls/c1/input");
+        assert_eq!(path::task_output("t1", "a/b.csv"), "/internal/v1/tasks/t1/outputs/a/b.csv");
+    }
+}

@@ -1,0 +1,177 @@
+//! Scoped runner tokens: HMAC-SHA256 signed claims naming one call or task.
+//!
+//! The controller (Kubernetes) or the local executor (embedded mode) mints a token per run;
+//! the runner presents it to the gateway's internal API, which only lets it touch that run's
+//! files under that owner's prefix. Format: `tyr1.<base64url(json claims)>.<base64url(mac)>`.
+
+use std::fmt;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use hmac::{Hmac, KeyInit, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use thiserror::Error;
+
+use crate::common::Owner;
+
+const PREFIX: &str = "tyr1";
+
+/// What a token is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunKind {
+    /// One tool call.
+    Call,
+    /// One coding task (may also call tools as its owner).
+    Task,
+}
+
+/// The claims a runner token carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    /// Call or task.
+    pub kind: RunKind,
+    /// Namespace of the ToolCall / CodingTask (empty in embedded mode).
+    pub ns: String,
+    /// The run id (object name).
+    pub id: String,
+    /// The identity the run acts as.
+    pub owner: Owner,
+    /// Expiry, seconds since the Unix epoch.
+    pub exp: i64,
+}
+
+/// A shared HMAC key. At least 32 bytes; its bytes never appear in `Debug` output.
+#[derive(Clone)]
+pub struct SigningKey(Vec<u8>);
+
+/// Shortest accepted key.
+pub const MIN_KEY_LEN: usize = 32;
+
+impl SigningKey {
+    /// Wraps key bytes (as read from a file or Secret; a trailing newline is dropped).
+    pub fn new(mut bytes: Vec<u8>) -> Result<Self, TokenError> {
+        while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            bytes.pop();
+        }
+        if bytes.len() < MIN_KEY_LEN {
+            return Err(TokenError::WeakKey(bytes.len()));
+        }
+        Ok(Self(bytes))
+    }
+
+    fn mac(&self) -> Hmac<Sha256> {
+        <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
+    }
+
+    /// Signs `claims` into a token string.
+    pub fn sign(&self, claims: &Claims) -> String {
+        let body = B64.encode(serde_json::to_vec(claims).expect("claims serialize"));
+        let mut mac = self.mac();
+        mac.update(PREFIX.as_bytes());
+        mac.update(b".");
+        mac.update(body.as_bytes());
+        let sig = B64.encode(mac.finalize().into_bytes());
+        format!("{PREFIX}.{body}.{sig}")
+    }
+
+    /// Checks the signature and expiry (`now` in Unix seconds) and returns the claims.
+    pub fn verify(&self, token: &str, now: i64) -> Result<Claims, TokenError> {
+        let mut parts = token.split('.');
+        let (Some(prefix), Some(body), Some(sig), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(TokenError::Malformed);
+        };
+        if prefix != PREFIX {
+            return Err(TokenError::Malformed);
+        }
+        let sig = B64.decode(sig).map_err(|_| TokenError::Malformed)?;
+        let mut mac = self.mac();
+        mac.update(PREFIX.as_bytes());
+        mac.update(b".");
+        mac.update(body.as_bytes());
+        // Constant-time comparison.
+        mac.verify_slice(&sig).map_err(|_| TokenError::BadSignature)?;
+        let json = B64.decode(body).map_err(|_| TokenError::Malformed)?;
+        let claims: Claims = serde_json::from_slice(&json).map_err(|_| TokenError::Malformed)?;
+        if claims.exp <= now {
+            return Err(TokenError::Expired);
+        }
+        Ok(claims)
+    }
+}
+
+impl fmt::Debug for SigningKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SigningKey({} bytes)", self.0.len())
+    }
+}
+
+/// Why a token was refused. Messages are safe to return to the runner.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum TokenError {
+    /// Not a token of this format.
+    #[error("malformed runner token")]
+    Malformed,
+    /// The signature does not match.
+    #[error("runner token signature does not match")]
+    BadSignature,
+    /// Past its expiry.
+    #[error("runner token has expired")]
+    Expired,
+    /// Key too short.
+    #[error("signing key has {0} bytes; at least 32 are required")]
+    WeakKey(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(byte: u8) -> SigningKey {
+        SigningKey::new(vec![byte; 32]).unwrap()
+    }
+
+    fn claims() -> Claims {
+        Claims {
+            kind: RunKind::Call,
+            ns: "team-a".into(),
+            id: "price-option-x1".into(),
+            owner: Owner { issuer: "apikey".into(), user: "alice".into(), groups: vec!["quants".into()] },
+            exp: 2_000,
+        }
+    }
+
+    #[test]
+    fn signed_claims_verify() {
+        let token = key(1).sign(&claims());
+        assert_eq!(key(1).verify(&token, 1_000).unwrap(), claims());
+    }
+
+    #[test]
+    fn wrong_key_tampering_and_expiry_are_refused() {
+        let token = key(1).sign(&claims());
+        assert_eq!(key(2).verify(&token, 1_000), Err(TokenError::BadSignature));
+        assert_eq!(key(1).verify(&token, 2_000), Err(TokenError::Expired));
+
+        // Swap in claims for another call, keeping the old signature.
+        let mut other = claims();
+        other.id = "someone-elses".into();
+        let forged_body = B64.encode(serde_json::to_vec(&other).unwrap());
+        let sig = token.rsplit('.').next().unwrap();
+        let forged = format!("tyr1.{forged_body}.{sig}");
+        assert_eq!(key(1).verify(&forged, 1_000), Err(TokenError::BadSignature));
+
+        for junk in ["", "tyr1", "tyr1.a", "tyr1.a.b.c", "jwt.a.b", "tyr1.!!.??"] {
+            assert!(key(1).verify(junk, 1_000).is_err(), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn short_keys_are_refused_and_debug_hides_the_key() {
+        assert_eq!(SigningKey::new(b"short\n".to_vec()).unwrap_err(), TokenError::WeakKey(5));
+        let k = SigningKey::new(b"0123456789abcdef0123456789abcdef\n".to_vec()).unwrap();
+        assert_eq!(format!("{k:?}"), "SigningKey(32 bytes)");
+    }
+}

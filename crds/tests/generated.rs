@@ -1,0 +1,64 @@
+//! The committed CRD YAML matches the Rust types, and the fixtures are well-formed.
+//! (The apiserver's verdict on every fixture is checked in `tests/` against a real cluster.)
+
+use std::path::{Path, PathBuf};
+
+use toolyard_api::{CodingTask, McpTool, ToolCall};
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn committed_crd_yaml_matches_the_types() {
+    for (file, crd) in toolyard_api::crdgen::all() {
+        let path = crate_dir().join(file);
+        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let generated = toolyard_api::crdgen::render(&crd);
+        assert!(
+            committed == generated,
+            "{} is out of date: run `cargo run -p toolyard-api --bin crdgen`",
+            path.display()
+        );
+    }
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn valid_fixtures_deserialize_into_the_types() {
+    let files = yaml_files(&crate_dir().join("tests/fixtures/valid"));
+    assert!(files.len() >= 5);
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("read fixture");
+        let value: serde_json::Value = serde_saphyr::from_str(&text).expect("fixture is YAML");
+        let kind = value["kind"].as_str().expect("kind");
+        let result = match kind {
+            "McpTool" => serde_json::from_value::<McpTool>(value).map(drop),
+            "ToolCall" => serde_json::from_value::<ToolCall>(value).map(drop),
+            "CodingTask" => serde_json::from_value::<CodingTask>(value).map(drop),
+            other => panic!("{}: unexpected kind {other}", path.display()),
+        };
+        result.unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}
+
+#[test]
+fn every_invalid_fixture_names_the_error_it_must_produce() {
+    let files = yaml_files(&crate_dir().join("tests/fixtures/invalid"));
+    assert!(files.len() >= 20);
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("read fixture");
+        let first = text.lines().next().unwrap_or_default();
+        let expect = first.strip_prefix("# expect: ").unwrap_or_else(|| panic!("{}: first line must be '# expect: <message>'", path.display()));
+        assert!(!expect.trim().is_empty(), "{}", path.display());
+    }
+}

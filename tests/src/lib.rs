@@ -1,0 +1,1 @@
+//! Test support: handles on the test control plane and S3 server.

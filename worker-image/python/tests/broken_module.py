@@ -1,0 +1,3 @@
+"""A module that fails while being imported."""
+
+raise RuntimeError("import-time failure")
