@@ -129,6 +129,7 @@ build_s3s() {
 
 only=${1:-all}
 case $only in
+  path) echo "$BIN"; exit 0 ;;
   all) build_etcd; build_helm; build_s3s; build_k8s ;;
   k8s) build_k8s ;; etcd) build_etcd ;; helm) build_helm ;; s3s) build_s3s ;;
   *) die "usage: $0 [all|k8s|etcd|helm|s3s]" ;;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The one command that runs every test of the repository:
+#   Rust formatting and lints, Rust unit and integration tests (against a real kube-apiserver,
+#   kube-controller-manager and S3 server started here), Python tests, chart checks.
+#
+# It installs what it needs (test control plane binaries, the S3 server, a Python venv) into
+# $HOME/.cache/toolyard (TOOLYARD_CACHE), skips what is already there, starts the test cluster
+# on random loopback ports and stops it on exit. Cargo output goes to
+# $HOME/.cache/toolyard/target (CARGO_TARGET_DIR) so reruns are fast.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export TOOLYARD_CACHE=${TOOLYARD_CACHE:-$HOME/.cache/toolyard}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$TOOLYARD_CACHE/target}
+export TOOLYARD_CLUSTER_RUN=${TOOLYARD_CLUSTER_RUN:-$(mktemp -d "${TMPDIR:-/tmp}/toolyard-test-XXXXXX")}
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+fail() { echo "tests/run.sh: $*" >&2; exit 1; }
+
+for tool in cargo python3 go openssl curl; do
+  command -v "$tool" >/dev/null 2>&1 || fail "$tool is required (see README: Prerequisites)"
+done
+
+step "test control plane binaries (cached in $TOOLYARD_CACHE)"
+tests/cluster/build.sh all
+
+step "Python venv with test dependencies"
+VENV=$TOOLYARD_CACHE/venv
+REQS=tests/python-requirements.txt
+if [[ ! -x $VENV/bin/python || ! -f $VENV/.stamp || $(cat "$VENV/.stamp") != $(sha256sum "$REQS" | cut -c1-64) ]]; then
+  rm -rf "$VENV"
+  python3 -m venv "$VENV" || fail "python3 -m venv failed (Debian: apt install python3-venv)"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQS" || fail "pip install -r $REQS failed"
+  sha256sum "$REQS" | cut -c1-64 >"$VENV/.stamp"
+fi
+export TOOLYARD_TEST_PYTHON=$VENV/bin/python
+
+step "formatting and lints"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "building"
+cargo build --workspace --bins --quiet
+cargo test --workspace --no-run --quiet
+
+step "starting the test cluster in $TOOLYARD_CLUSTER_RUN"
+trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN"' EXIT
+tests/cluster/cluster.sh start
+
+step "Rust tests"
+cargo test --workspace --quiet
+
+step "Python tests"
+"$VENV/bin/python" -m pytest -q worker-image/python/tests examples/pricing/tests
+
+if [[ -d charts/toolyard ]]; then
+  step "chart checks"
+  HELM=$(tests/cluster/build.sh path)/helm
+  "$HELM" lint --strict charts/toolyard --kube-version 1.34.4
+fi
+
+step "all tests passed"
