@@ -1,1 +1,26 @@
-//! placeholder
+//! The Toolyard gateway: MCP over Streamable HTTP for remote clients, the internal runner
+//! API for runner processes, and the embedded local mode.
+//!
+//! The HTTP/MCP layer depends only on the traits in this crate, each with a Kubernetes
+//! implementation and a local one:
+//!
+//! | trait | Kubernetes | local (embedded mode) |
+//! |---|---|---|
+//! | [`catalog::ToolCatalog`] | reflector over McpTool objects | YAML manifests in a folder |
+//! | [`executor::Executor`] | ToolCall objects run by the controller | `toolyard-runner` child processes |
+//! | [`store::ArtifactStore`] | S3 | a local folder |
+//! | [`authz::Authorizer`] | SubjectAccessReview | a static policy file |
+//! | [`auth::Authenticator`] | API keys, OIDC JWTs, TokenReview | a generated local token |
+
+pub mod auth;
+pub mod authz;
+pub mod catalog;
+pub mod error;
+pub mod executor;
+pub mod identity;
+pub mod internal;
+pub mod mcp;
+pub mod store;
+
+pub use error::{Error, Result};
+pub use identity::Identity;

@@ -1,0 +1,69 @@
+//! The tool catalog: which tools exist, with compiled argument validators.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use toolyard_api::mcptool::McpToolSpec;
+
+/// A tool as the MCP layer sees it: the McpTool spec plus its compiled input validator.
+#[derive(Debug)]
+pub struct Tool {
+    /// Namespace of the McpTool (empty in embedded mode).
+    pub namespace: String,
+    /// McpTool object name: the RBAC `resourceName` and the ToolCall's `spec.tool`.
+    pub object_name: String,
+    /// Generation the validator was compiled for.
+    pub generation: i64,
+    /// The declared spec.
+    pub spec: McpToolSpec,
+    /// Compiled `inputSchema` (never fetches remote `$ref`s).
+    pub validator: Arc<jsonschema::Validator>,
+}
+
+impl Tool {
+    /// Builds a tool, compiling its input schema. Errors name what is wrong with the schema.
+    pub fn new(namespace: String, object_name: String, generation: i64, spec: McpToolSpec) -> Result<Self, String> {
+        let validator = compile_schema(&Value::Object(spec.input_schema.clone()))?;
+        Ok(Self { namespace, object_name, generation, spec, validator: Arc::new(validator) })
+    }
+
+    /// MCP tool name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// Checks arguments against the input schema; the error lists each problem with its
+    /// JSON pointer (e.g. `/spot: "x" is not of type "number"`).
+    pub fn validate(&self, arguments: &Value) -> Result<(), String> {
+        let problems: Vec<String> = self
+            .validator
+            .iter_errors(arguments)
+            .map(|e| {
+                let path = e.instance_path().to_string();
+                if path.is_empty() { e.to_string() } else { format!("{path}: {e}") }
+            })
+            .collect();
+        if problems.is_empty() { Ok(()) } else { Err(problems.join("; ")) }
+    }
+}
+
+/// Compiles a JSON Schema without any network or file access.
+pub fn compile_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
+    jsonschema::options()
+        .build(schema)
+        .map_err(|e| format!("inputSchema is not a valid JSON Schema: {e}"))
+}
+
+/// Source of tools. Implementations keep a current snapshot and bump a version on change.
+pub trait ToolCatalog: Send + Sync + 'static {
+    /// Every tool that can be listed (Ready), in a stable order.
+    fn tools(&self) -> Vec<Arc<Tool>>;
+    /// One tool by MCP name.
+    fn get(&self, name: &str) -> Option<Arc<Tool>> {
+        self.tools().into_iter().find(|t| t.name() == name)
+    }
+    /// A receiver whose value changes whenever the tool set changes (for `list_changed`).
+    fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
+    /// True once the first full listing is in.
+    fn is_synced(&self) -> bool;
+}

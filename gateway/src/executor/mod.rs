@@ -1,0 +1,41 @@
+//! Executors run one tool call and return the runner protocol's [`CallResult`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use toolyard_api::protocol::CallResult;
+use toolyard_api::storage::RunId;
+
+use crate::catalog::Tool;
+use crate::identity::Identity;
+
+/// Everything an executor needs for one call. Arguments are already validated.
+#[derive(Debug)]
+pub struct CallRequest {
+    /// The call id (ToolCall name, storage folder).
+    pub id: RunId,
+    /// The tool.
+    pub tool: Arc<Tool>,
+    /// The caller; the call runs as this identity.
+    pub caller: Identity,
+    /// Validated arguments.
+    pub arguments: Map<String, Value>,
+    /// W3C `traceparent` of the request, if any.
+    pub traceparent: Option<String>,
+    /// The coding task making this call, if any.
+    pub parent_task: Option<RunId>,
+    /// Cancelled when the client cancels or disconnects: the executor stops the run.
+    pub cancel: CancellationToken,
+}
+
+/// Runs tool calls.
+#[async_trait]
+pub trait Executor: Send + Sync + 'static {
+    /// Runs one call to completion (or deadline, or cancellation).
+    ///
+    /// Tool failures (non-zero exit, invalid result, timeout) are `Ok` with an error
+    /// [`CallResult`]; `Err` is for failures of the platform itself.
+    async fn call(&self, request: CallRequest) -> crate::Result<CallResult>;
+}

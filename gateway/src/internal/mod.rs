@@ -1,0 +1,1 @@
+//! The internal runner API (a separate listener reachable only from runner processes).

@@ -1,0 +1,1 @@
+//! The MCP server: tools/list, tools/call, built-in tools, resources.
