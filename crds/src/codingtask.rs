@@ -1,5 +1,8 @@
 //! `CodingTask`: one run of the code agent.
 
+// `printcolumn(...)` repeats `type_ = ...` by design; the lint mistakes it for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -22,7 +25,11 @@ use crate::common::{Owner, SecretKeyRef, conditions_schema, free_form_object};
     derive = "PartialEq",
     doc = "A coding-agent run that writes Python composing registered tools.",
     printcolumn(name = "Type", type_ = "string", json_path = ".status.taskType"),
-    printcolumn(name = "Succeeded", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].status"),
+    printcolumn(
+        name = "Succeeded",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Succeeded\")].status"
+    ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Owner", type_ = "string", json_path = ".spec.owner.user", priority = 1),

@@ -55,7 +55,13 @@ pub mod reason {
     pub const IMAGE_PULL_FAILED: &str = "ImagePullFailed";
 }
 
-fn condition(type_: &str, status: &str, reason: &str, message: impl Into<String>, generation: Option<i64>) -> Condition {
+fn condition(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+) -> Condition {
     Condition {
         type_: type_.to_owned(),
         status: status.to_owned(),

@@ -1,5 +1,8 @@
 //! `McpTool`: one function exposed as an MCP tool.
 
+// `printcolumn(...)` repeats `type_ = ...` by design; the lint mistakes it for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};

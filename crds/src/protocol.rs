@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn call_result_json_shape_is_stable() {
         let ok = CallResult::ok(json!({"price": 10.45}), 12);
-        assert_eq!(serde_json::to_value(&ok).unwrap(), json!({"value": {"price": 10.45}, "exitCode": 0, "durationMs": 12}));
+        assert_eq!(
+            serde_json::to_value(&ok).unwrap(),
+            json!({"value": {"price": 10.45}, "exitCode": 0, "durationMs": 12})
+        );
         let err = CallResult::err(CallErrorKind::TimedOut, "timed out after 2s", None, 2000);
         assert_eq!(
             serde_json::to_value(&err).unwrap(),

@@ -233,15 +233,11 @@ pub fn parse_task_file(name: &str) -> Result<TaskFile, NameError> {
         "tool_calls.json" => return Ok(TaskFile::ToolCalls),
         _ => {}
     }
-    if let Some(rest) = name.strip_prefix("events/") {
-        if let Some(n) = rest.strip_suffix(".jsonl").and_then(|n| n.parse().ok()) {
-            return Ok(TaskFile::Events(n));
-        }
+    if let Some(n) = name.strip_prefix("events/").and_then(|r| r.strip_suffix(".jsonl")).and_then(|n| n.parse().ok()) {
+        return Ok(TaskFile::Events(n));
     }
-    if let Some(rest) = name.strip_prefix("actions/") {
-        if let Some(n) = rest.strip_suffix(".py").and_then(|n| n.parse().ok()) {
-            return Ok(TaskFile::Action(n));
-        }
+    if let Some(n) = name.strip_prefix("actions/").and_then(|r| r.strip_suffix(".py")).and_then(|n| n.parse().ok()) {
+        return Ok(TaskFile::Action(n));
     }
     let path = name.strip_prefix("outputs/").unwrap_or(name);
     RelativePath::parse(path).map(TaskFile::Output)
@@ -272,7 +268,18 @@ mod tests {
     #[test]
     fn traversal_and_odd_names_are_refused() {
         for bad in [
-            "", "..", "../x", "a/../b", "/etc/passwd", "a//b", "./a", "a/.", "a\\b", "c:x", "a\nb", "a\u{0}b",
+            "",
+            "..",
+            "../x",
+            "a/../b",
+            "/etc/passwd",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\\b",
+            "c:x",
+            "a\nb",
+            "a\u{0}b",
             "x/y/z/a/b/c/d/e/f",
         ] {
             assert!(RelativePath::parse(bad).is_err(), "{bad:?} should be refused");

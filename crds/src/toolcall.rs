@@ -1,5 +1,8 @@
 //! `ToolCall`: one call of one McpTool, created by the gateway.
 
+// `printcolumn(...)` repeats `type_ = ...` by design; the lint mistakes it for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -21,7 +24,11 @@ use crate::common::{Owner, conditions_schema};
     derive = "PartialEq",
     doc = "One call of an McpTool, executed as a Job or by a warm pool.",
     printcolumn(name = "Tool", type_ = "string", json_path = ".spec.tool"),
-    printcolumn(name = "Succeeded", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].status"),
+    printcolumn(
+        name = "Succeeded",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Succeeded\")].status"
+    ),
     printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Succeeded\")].reason"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     printcolumn(name = "Owner", type_ = "string", json_path = ".spec.owner.user", priority = 1),

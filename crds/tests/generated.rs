@@ -58,7 +58,9 @@ fn every_invalid_fixture_names_the_error_it_must_produce() {
     for path in files {
         let text = std::fs::read_to_string(&path).expect("read fixture");
         let first = text.lines().next().unwrap_or_default();
-        let expect = first.strip_prefix("# expect: ").unwrap_or_else(|| panic!("{}: first line must be '# expect: <message>'", path.display()));
+        let expect = first
+            .strip_prefix("# expect: ")
+            .unwrap_or_else(|| panic!("{}: first line must be '# expect: <message>'", path.display()));
         assert!(!expect.trim().is_empty(), "{}", path.display());
     }
 }

@@ -28,6 +28,11 @@ impl Identity {
 
     /// The identity a run acts as, from its owner record.
     pub fn from_owner(owner: &Owner) -> Self {
-        Self { issuer: owner.issuer.clone(), user: owner.user.clone(), groups: owner.groups.clone(), scopes: Vec::new() }
+        Self {
+            issuer: owner.issuer.clone(),
+            user: owner.user.clone(),
+            groups: owner.groups.clone(),
+            scopes: Vec::new(),
+        }
     }
 }

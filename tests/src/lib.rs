@@ -77,9 +77,9 @@ pub struct TestEnv {
 
 /// Where `cluster.sh` writes its env file unless `TOOLYARD_CLUSTER_RUN` says otherwise.
 pub fn env_file() -> PathBuf {
-    let run = std::env::var_os("TOOLYARD_CLUSTER_RUN").map(PathBuf::from).unwrap_or_else(|| {
-        std::env::temp_dir().join("toolyard-cluster")
-    });
+    let run = std::env::var_os("TOOLYARD_CLUSTER_RUN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("toolyard-cluster"));
     run.join("env")
 }
 
@@ -111,7 +111,10 @@ impl TestEnv {
 
     /// A variable of the env file (`TOOLYARD_TEST_...`).
     pub fn var(&self, name: &str) -> &str {
-        self.vars.get(name).map(String::as_str).unwrap_or_else(|| panic!("{name} missing from {}", env_file().display()))
+        self.vars
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("{name} missing from {}", env_file().display()))
     }
 
     /// `https://127.0.0.1:<port>` of the apiserver.
@@ -179,7 +182,10 @@ impl TestEnv {
     pub async fn namespace(&self, prefix: &str) -> Result<String> {
         let client = self.client(User::Admin).await;
         let name = format!("{prefix}-{}", random_suffix(6));
-        let ns = Namespace { metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() }, ..Default::default() };
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta { name: Some(name.clone()), ..Default::default() },
+            ..Default::default()
+        };
         Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
         let sas: Api<ServiceAccount> = Api::namespaced(client, &name);
         wait_until(Duration::from_secs(30), "default ServiceAccount", || async {

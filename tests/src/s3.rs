@@ -1,6 +1,8 @@
 //! The test S3 server (s3s-fs): settings and a client.
 
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_sdk_s3::config::{
+    BehaviorVersion, Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
+};
 
 use crate::TestEnv;
 

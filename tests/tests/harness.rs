@@ -25,12 +25,24 @@ async fn crds_install_and_kubectl_shows_printer_columns() {
     let env = TestEnv::get();
     env.install_crds().await.unwrap();
     let ns = env.namespace("crds").await.unwrap();
-    env.kubectl_as(User::Admin, &["-n", &ns, "apply", "-f", toolyard_tests::repo_path("crds/tests/fixtures/valid/mcptool-pool.yaml").to_str().unwrap()])
-        .unwrap();
+    env.kubectl_as(
+        User::Admin,
+        &[
+            "-n",
+            &ns,
+            "apply",
+            "-f",
+            toolyard_tests::repo_path("crds/tests/fixtures/valid/mcptool-pool.yaml").to_str().unwrap(),
+        ],
+    )
+    .unwrap();
     let out = env.kubectl_as(User::Admin, &["-n", &ns, "get", "mcptools"]).unwrap();
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["NAME", "TOOL", "MODE", "TOOLSET", "READY", "REASON", "AGE"], "{out}");
-    assert!(out.contains("get-quote") && out.contains("get_quote") && out.contains("Pool") && out.contains("pricing"), "{out}");
+    assert!(
+        out.contains("get-quote") && out.contains("get_quote") && out.contains("Pool") && out.contains("pricing"),
+        "{out}"
+    );
     let wide = env.kubectl_as(User::Admin, &["-n", &ns, "get", "mcpt", "-o", "wide"]).unwrap();
     assert!(wide.lines().next().unwrap().contains("IMAGE"), "{wide}");
     // The category lists every kind.
@@ -84,7 +96,9 @@ async fn invalid_fixtures_are_rejected_with_the_message_they_name() {
             api.replace(last.metadata.name.as_deref().unwrap(), &PostParams::default(), &update).await
         };
         match result {
-            Ok(_) => failures.push(format!("{}: accepted, expected an error containing {expect:?}", fixture.path.display())),
+            Ok(_) => {
+                failures.push(format!("{}: accepted, expected an error containing {expect:?}", fixture.path.display()))
+            }
             Err(kube::Error::Api(status)) if status.message.contains(&expect) => {}
             Err(e) => failures.push(format!("{}: expected {expect:?}, got: {e}", fixture.path.display())),
         }
@@ -97,7 +111,10 @@ async fn token_review_returns_alice_and_her_groups() {
     let env = TestEnv::get();
     let client = env.client(User::Admin).await;
     let review = TokenReview {
-        spec: TokenReviewSpec { token: Some(env.token(User::Alice).to_owned()), audiences: Some(vec!["toolyard".into()]) },
+        spec: TokenReviewSpec {
+            token: Some(env.token(User::Alice).to_owned()),
+            audiences: Some(vec!["toolyard".into()]),
+        },
         ..Default::default()
     };
     let out = Api::<TokenReview>::all(client.clone()).create(&PostParams::default(), &review).await.unwrap();
@@ -145,7 +162,11 @@ async fn subject_access_review_is_denied_until_a_role_binding_grants_call() {
     let sar: Api<SubjectAccessReview> = Api::all(client.clone());
     let allowed = |review: SubjectAccessReview| {
         let sar = sar.clone();
-        async move { Ok::<bool, anyhow::Error>(sar.create(&PostParams::default(), &review).await?.status.map(|s| s.allowed).unwrap_or(false)) }
+        async move {
+            Ok::<bool, anyhow::Error>(
+                sar.create(&PostParams::default(), &review).await?.status.map(|s| s.allowed).unwrap_or(false),
+            )
+        }
     };
     let alice = || call_review(&ns, "alice", &["quants", "viewers", "system:authenticated"], "price-option");
     assert!(!allowed(alice()).await.unwrap(), "denied by default");
@@ -163,8 +184,17 @@ async fn subject_access_review_is_denied_until_a_role_binding_grants_call() {
     Api::<Role>::namespaced(client.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
     let binding = RoleBinding {
         metadata: ObjectMeta { name: Some("alice-calls".into()), ..Default::default() },
-        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "call-price-option".into() },
-        subjects: Some(vec![Subject { kind: "User".into(), name: "alice".into(), api_group: Some("rbac.authorization.k8s.io".into()), ..Default::default() }]),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "call-price-option".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: "alice".into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        }]),
     };
     Api::<RoleBinding>::namespaced(client.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
 
@@ -186,7 +216,12 @@ async fn a_job_gets_a_pod_from_the_real_job_controller() {
             template: PodTemplateSpec {
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
-                    containers: vec![Container { name: "main".into(), image: Some("busybox:1.36".into()), command: Some(vec!["true".into()]), ..Default::default() }],
+                    containers: vec![Container {
+                        name: "main".into(),
+                        image: Some("busybox:1.36".into()),
+                        command: Some(vec!["true".into()]),
+                        ..Default::default()
+                    }],
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -3,10 +3,8 @@
 use std::path::PathBuf;
 
 fn main() -> std::io::Result<()> {
-    let dir = std::env::args_os()
-        .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let dir =
+        std::env::args_os().nth(1).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
     for (file, crd) in toolyard_api::crdgen::all() {
         let path = dir.join(file);
         std::fs::write(&path, toolyard_api::crdgen::render(&crd))?;

@@ -49,9 +49,7 @@ impl Tool {
 
 /// Compiles a JSON Schema without any network or file access.
 pub fn compile_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
-    jsonschema::options()
-        .build(schema)
-        .map_err(|e| format!("inputSchema is not a valid JSON Schema: {e}"))
+    jsonschema::options().build(schema).map_err(|e| format!("inputSchema is not a valid JSON Schema: {e}"))
 }
 
 /// Source of tools. Implementations keep a current snapshot and bump a version on change.

@@ -63,7 +63,10 @@ mod tests {
     #[test]
     fn paths_stay_under_the_owner_prefix() {
         let owner = OwnerKey::derive("local", "dev");
-        assert_eq!(owner_key_path(&owner, "calls/c1/input.json").unwrap(), format!("owners/{owner}/calls/c1/input.json"));
+        assert_eq!(
+            owner_key_path(&owner, "calls/c1/input.json").unwrap(),
+            format!("owners/{owner}/calls/c1/input.json")
+        );
         assert_eq!(owner_key_path(&owner, "tasks/").unwrap(), format!("owners/{owner}/tasks/"));
         for bad in ["", "/", "../x", "calls/../../other", "/abs", "a//b", "a\\b", "a\u{1}b", "./a"] {
             assert!(owner_key_path(&owner, bad).is_err(), "{bad:?}");
