@@ -36,6 +36,73 @@ pub mod exit_code {
     pub const BAD_RESULT: i32 = 3;
 }
 
+/// Exit codes of `toolyard-runner call` (what the Job's pod reports). The runner also writes a
+/// one-line summary to the pod's termination message (`/dev/termination-log`).
+pub mod runner_exit {
+    /// The tool succeeded and its result was uploaded.
+    pub const OK: i32 = 0;
+    /// The tool failed (error, invalid arguments, bad result, crash) and the error result was uploaded.
+    pub const TOOL_FAILED: i32 = 1;
+    /// The tool was stopped at its deadline (or by SIGTERM) and a timeout result was uploaded.
+    pub const TIMED_OUT: i32 = 3;
+    /// The runner itself could not work: bad environment, internal API unreachable, upload refused.
+    pub const RUNNER_ERROR: i32 = 4;
+}
+
+/// The HTTP API of `toolyard-runner serve` (a warm pool pod, or a local warm worker).
+///
+/// The gateway posts a [`PoolCallRequest`] with `Authorization: Bearer <token>`, a call token
+/// signed with the pool's derived key (`SigningKey::derive(&pool_key_purpose(ns, tool))`), so a
+/// pool pod holds no key that the internal API accepts. The answer is a [`PoolCallResponse`].
+/// `503` with `Retry-After` when every slot and the bounded queue are full.
+pub mod pool {
+    use serde::{Deserialize, Serialize};
+    use serde_json::{Map, Value};
+
+    use super::CallResult;
+
+    /// `POST`: run one call.
+    pub const CALL_PATH: &str = "/v1/call";
+    /// `GET`: 200 once the worker processes are up.
+    pub const READY_PATH: &str = "/readyz";
+    /// Default port of the pool server.
+    pub const DEFAULT_PORT: u16 = 8080;
+
+    /// Purpose string for deriving the key of one pool from the shared signing key.
+    pub fn key_purpose(namespace: &str, mcptool: &str) -> String {
+        format!("pool/{namespace}/{mcptool}")
+    }
+
+    /// One call sent to a pool.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PoolCallRequest {
+        /// Call id; must equal the token's `id`.
+        pub id: String,
+        /// Validated arguments.
+        pub arguments: Map<String, Value>,
+        /// Hard limit of this call in milliseconds.
+        pub timeout_ms: u64,
+        /// W3C trace context.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub traceparent: Option<String>,
+    }
+
+    /// The pool's answer: the result plus the call's bounded logs.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct PoolCallResponse {
+        /// The outcome.
+        pub result: CallResult,
+        /// Captured standard output (bounded, may be cut).
+        #[serde(default)]
+        pub stdout: String,
+        /// Captured standard error (bounded, may be cut).
+        #[serde(default)]
+        pub stderr: String,
+    }
+}
+
 /// Paths of the gateway's internal API (a separate listener, reachable only from runners).
 pub mod path {
     /// Prefix of every internal route.

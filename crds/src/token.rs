@@ -65,6 +65,15 @@ impl SigningKey {
         <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
     }
 
+    /// A key for one purpose (e.g. one warm pool), derived as HMAC(self, purpose). Holders of a
+    /// derived key cannot mint tokens the parent key accepts.
+    pub fn derive(&self, purpose: &str) -> SigningKey {
+        let mut mac = self.mac();
+        mac.update(b"toolyard-derive\0");
+        mac.update(purpose.as_bytes());
+        SigningKey(mac.finalize().into_bytes().to_vec())
+    }
+
     /// Signs `claims` into a token string.
     pub fn sign(&self, claims: &Claims) -> String {
         let body = B64.encode(serde_json::to_vec(claims).expect("claims serialize"));
@@ -166,6 +175,17 @@ mod tests {
         for junk in ["", "tyr1", "tyr1.a", "tyr1.a.b.c", "jwt.a.b", "tyr1.!!.??"] {
             assert!(key(1).verify(junk, 1_000).is_err(), "{junk:?}");
         }
+    }
+
+    #[test]
+    fn derived_keys_are_distinct_and_cannot_sign_for_the_parent() {
+        let parent = key(1);
+        let pool_a = parent.derive("pool/ns/a");
+        let token = pool_a.sign(&claims());
+        assert!(pool_a.verify(&token, 1_000).is_ok());
+        assert_eq!(parent.verify(&token, 1_000), Err(TokenError::BadSignature));
+        assert_eq!(parent.derive("pool/ns/b").verify(&token, 1_000), Err(TokenError::BadSignature));
+        assert!(key(1).derive("pool/ns/a").verify(&token, 1_000).is_ok(), "derivation is deterministic");
     }
 
     #[test]
