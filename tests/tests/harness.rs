@@ -255,3 +255,35 @@ async fn s3_server_checks_signatures() {
     let wrong_key = s3::client(&settings, "nobody", &settings.secret_key);
     assert!(wrong_key.put_object().bucket(&settings.bucket).key("x").body(b"x".to_vec().into()).send().await.is_err());
 }
+
+#[tokio::test]
+async fn every_example_manifest_is_accepted_by_the_apiserver() {
+    let env = TestEnv::get();
+    env.install_crds().await.unwrap();
+    let ns = env.namespace("examples").await.unwrap();
+    let client = env.client(User::Admin).await;
+    let files = [
+        toolyard_tests::repo_path("examples/pricing/tools.yaml"),
+        toolyard_tests::repo_path("tests/fixtures/misbehaving/tools.yaml"),
+    ];
+    let mut names = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let objects: Vec<DynamicObject> = serde_saphyr::from_multiple(&text).unwrap();
+        assert!(!objects.is_empty(), "{}", file.display());
+        for obj in objects {
+            // The typed form must parse too: manifests and Rust types agree.
+            let typed: toolyard_api::McpTool = serde_json::from_value(serde_json::to_value(&obj).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+            names.push(typed.spec.name.clone());
+            dynamic_api(&client, &ns, &obj)
+                .await
+                .create(&PostParams::default(), &obj)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {} rejected: {e}", file.display(), typed.spec.name));
+        }
+    }
+    for expected in ["price_option", "calc_greeks", "get_quote", "get_quote_fresh", "fail", "hang", "echo_pool"] {
+        assert!(names.iter().any(|n| n == expected), "{expected} missing from {names:?}");
+    }
+}
