@@ -19,6 +19,7 @@ use kube::{Client, Config};
 use tokio::sync::OnceCell;
 
 pub mod fixtures;
+pub mod process_node;
 pub mod s3;
 
 /// A static-token user of the test cluster.
