@@ -4,6 +4,7 @@
 //! This crate is plain data and pure functions. It depends on no other Toolyard crate and
 //! needs no Kubernetes client, so every part (gateway, controller, runner, tests) shares it.
 
+pub mod agent;
 pub mod codingtask;
 pub mod common;
 pub mod conditions;
