@@ -10,7 +10,7 @@ Protocol (JSON lines; the harness owns the original stdin/stdout, user code sees
 as fd 1 and /dev/null as fd 0):
 
 runner -> harness
-  {"type": "init", "tools": [{"name", "description", "input_schema"}...],
+  {"type": "init", "tools": [{"name", "description", "input_schema", "params"}...],
    "max_artifact_bytes": N, "max_output_chars": N}
   {"type": "exec", "step": n, "code": "..."}
   {"type": "reply", "id": k, "ok": true, "result": ...}      (answer to a request)
@@ -89,7 +89,7 @@ class Channel:
 
 def _tool_stub(channel: Channel, spec: dict[str, Any]) -> Callable[..., Any]:
     name = spec["name"]
-    params = list((spec.get("input_schema") or {}).get("properties", {}).keys())
+    params = spec.get("params") or list((spec.get("input_schema") or {}).get("properties", {}).keys())
 
     def stub(*args: Any, **kwargs: Any) -> Any:
         if len(args) > len(params):
