@@ -1,12 +1,25 @@
 //! Authorization: may this identity call this tool, or start a coding task?
 //!
 //! Kubernetes: SubjectAccessReview (verb `call` on `mcptools`, verb `create` on
-//! `codingtasks`). Embedded mode: a static policy file with the same meaning. Default deny.
+//! `codingtasks`), see [`sar`]. Embedded mode: a static policy file with the same meaning,
+//! see [`policy`]. Default deny. [`config::AuthzArgs`] picks one from flags.
 
 use async_trait::async_trait;
 
 use crate::catalog::Tool;
 use crate::identity::Identity;
+
+pub mod config;
+pub mod metrics;
+pub mod policy;
+pub mod sar;
+pub mod subject;
+
+pub use config::{AuthzArgs, AuthzMode};
+pub use metrics::AuthzMetrics;
+pub use policy::PolicyAuthorizer;
+pub use sar::{SarAuthorizer, SarSettings};
+pub use subject::SubjectMapping;
 
 /// Authorization decisions.
 #[async_trait]

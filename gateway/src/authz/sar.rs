@@ -1,0 +1,244 @@
+//! Kubernetes RBAC through SubjectAccessReview.
+//!
+//! - list/call a tool: verb `call` on `mcptools.toolyard.dev`, `resourceName` = the
+//!   McpTool's object name, in the tool's namespace;
+//! - start a coding task: verb `create` on `codingtasks.toolyard.dev` in the namespace.
+//!
+//! For tools, a review without `resourceName` ("all mcptools in this namespace", which a
+//! ClusterRoleBinding or a namespace-wide Role grants) comes first, so a broad grant costs
+//! one review per subject and namespace per TTL whatever the number of tools. Decisions
+//! are cached (allow and deny with their own TTLs) by subject (user + sorted groups) and
+//! attributes; concurrent identical questions share one review. Every review has a
+//! timeout; a failed review is a deny (logged and counted), never an allow, and is not
+//! cached. The gateway's identity needs only `create subjectaccessreviews`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use kube::api::{Api, PostParams};
+
+use super::Authorizer;
+use super::metrics::AuthzMetrics;
+use super::subject::{Subject, SubjectMapping};
+use crate::auth::cache::TtlCache;
+use crate::catalog::Tool;
+use crate::identity::Identity;
+
+/// API group of Toolyard's resources.
+pub const API_GROUP: &str = "toolyard.dev";
+/// Resource whose `call` verb gates tools.
+pub const TOOLS_RESOURCE: &str = "mcptools";
+/// Verb to list or call a tool.
+pub const CALL_VERB: &str = "call";
+/// Resource whose `create` verb gates coding tasks.
+pub const TASKS_RESOURCE: &str = "codingtasks";
+/// Verb to start a coding task.
+pub const CREATE_VERB: &str = "create";
+
+/// SubjectAccessReview settings.
+#[derive(Clone, Debug)]
+pub struct SarSettings {
+    /// How long an allow is reused.
+    pub allow_ttl: Duration,
+    /// How long a deny is reused.
+    pub deny_ttl: Duration,
+    /// Timeout of each review.
+    pub timeout: Duration,
+    /// Cache bound.
+    pub max_entries: usize,
+    /// How identities become review subjects.
+    pub subjects: SubjectMapping,
+}
+
+impl Default for SarSettings {
+    fn default() -> Self {
+        Self {
+            allow_ttl: Duration::from_secs(30),
+            deny_ttl: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            max_entries: 50_000,
+            subjects: SubjectMapping::default(),
+        }
+    }
+}
+
+/// One question: may `subject` do `verb` on `resource` (`name`) in `namespace`?
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Question {
+    subject: Subject,
+    verb: &'static str,
+    resource: &'static str,
+    namespace: String,
+    name: Option<String>,
+}
+
+/// `Some(allowed)`, or `None` when the review failed.
+type Answer = Option<bool>;
+
+struct Inner {
+    api: Api<SubjectAccessReview>,
+    settings: SarSettings,
+    cache: TtlCache<Question, bool>,
+    inflight: Mutex<HashMap<Question, Shared<BoxFuture<'static, Answer>>>>,
+    reviews: AtomicU64,
+    metrics: AuthzMetrics,
+}
+
+/// Authorizer asking the apiserver.
+#[derive(Clone)]
+pub struct SarAuthorizer {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SarAuthorizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SarAuthorizer").field("settings", &self.inner.settings).finish_non_exhaustive()
+    }
+}
+
+impl SarAuthorizer {
+    /// Reviews with `client` (which needs `create subjectaccessreviews`).
+    pub fn new(client: kube::Client, settings: SarSettings, metrics: AuthzMetrics) -> Self {
+        let cache = TtlCache::new(settings.max_entries);
+        Self {
+            inner: Arc::new(Inner {
+                api: Api::all(client),
+                settings,
+                cache,
+                inflight: Mutex::new(HashMap::new()),
+                reviews: AtomicU64::new(0),
+                metrics,
+            }),
+        }
+    }
+
+    /// SubjectAccessReviews sent so far (cache hits and shared in-flight reviews send none).
+    pub fn reviews_sent(&self) -> u64 {
+        self.inner.reviews.load(Ordering::Relaxed)
+    }
+
+    async fn ask(&self, question: Question) -> Answer {
+        if let Some(allowed) = self.inner.cache.get(&question) {
+            return Some(allowed);
+        }
+        let shared = {
+            let mut inflight = self.inner.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(pending) = inflight.get(&question) {
+                pending.clone()
+            } else {
+                let inner = Arc::clone(&self.inner);
+                let q = question.clone();
+                let fut = async move {
+                    let answer = inner.review(&q).await;
+                    if let Some(allowed) = answer {
+                        let ttl = if allowed { inner.settings.allow_ttl } else { inner.settings.deny_ttl };
+                        inner.cache.insert(q.clone(), allowed, ttl);
+                    }
+                    inner.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&q);
+                    answer
+                }
+                .boxed()
+                .shared();
+                inflight.insert(question, fut.clone());
+                fut
+            }
+        };
+        shared.await
+    }
+
+    fn record(&self, action: &'static str, answer: Answer) -> bool {
+        let outcome = match answer {
+            Some(true) => "allow",
+            Some(false) => "deny",
+            None => "error",
+        };
+        self.inner.metrics.decision("sar", action, outcome);
+        answer == Some(true)
+    }
+}
+
+impl Inner {
+    async fn review(&self, q: &Question) -> Answer {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(q.subject.user.clone()),
+                groups: Some(q.subject.groups.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(API_GROUP.to_owned()),
+                    resource: Some(q.resource.to_owned()),
+                    verb: Some(q.verb.to_owned()),
+                    namespace: (!q.namespace.is_empty()).then(|| q.namespace.clone()),
+                    name: q.name.clone(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        self.reviews.fetch_add(1, Ordering::Relaxed);
+        self.metrics.reviews.inc();
+        let result =
+            tokio::time::timeout(self.settings.timeout, self.api.create(&PostParams::default(), &review)).await;
+        let error = match result {
+            Ok(Ok(answer)) => {
+                let status = answer.status.unwrap_or_default();
+                if let Some(e) = status.evaluation_error.as_deref().filter(|e| !e.is_empty()) {
+                    // RBAC answers with what it could evaluate; the decision stands.
+                    tracing::debug!(error = e, "SubjectAccessReview evaluation error");
+                }
+                return Some(status.allowed && status.denied != Some(true));
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("timed out after {:?}", self.settings.timeout),
+        };
+        self.metrics.review_errors.inc();
+        tracing::error!(
+            user = %q.subject.user,
+            verb = q.verb,
+            resource = q.resource,
+            namespace = %q.namespace,
+            name = ?q.name,
+            error = %error,
+            "SubjectAccessReview failed; denying"
+        );
+        None
+    }
+}
+
+#[async_trait]
+impl Authorizer for SarAuthorizer {
+    async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool> {
+        let subject = self.inner.settings.subjects.subject(who);
+        let broad = Question {
+            subject,
+            verb: CALL_VERB,
+            resource: TOOLS_RESOURCE,
+            namespace: tool.namespace.clone(),
+            name: None,
+        };
+        let answer = match self.ask(broad.clone()).await {
+            Some(true) => Some(true),
+            Some(false) => self.ask(Question { name: Some(tool.object_name.clone()), ..broad }).await,
+            None => None,
+        };
+        Ok(self.record("call", answer))
+    }
+
+    async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool> {
+        let question = Question {
+            subject: self.inner.settings.subjects.subject(who),
+            verb: CREATE_VERB,
+            resource: TASKS_RESOURCE,
+            namespace: namespace.to_owned(),
+            name: None,
+        };
+        let answer = self.ask(question).await;
+        Ok(self.record("task", answer))
+    }
+}

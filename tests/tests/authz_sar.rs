@@ -1,0 +1,213 @@
+//! Authorization by SubjectAccessReview on the real apiserver: tools granted to users, to
+//! groups, by resourceName and cluster-wide; default deny; coding tasks; the identity
+//! mapping of OIDC and API-key users; the decision cache and the one broad review.
+//! The reviewing client is the gateway's user with only `create subjectaccessreviews`.
+
+mod auth_support;
+
+use std::sync::Arc;
+
+use auth_support::rbac::{self, Ask, subject};
+use toolyard_gateway::Identity;
+use toolyard_gateway::authz::{Authorizer, AuthzMetrics, SarAuthorizer, SarSettings};
+use toolyard_gateway::catalog::Tool;
+use toolyard_tests::{TestEnv, User, random_suffix};
+
+const GROUP: &str = "toolyard.dev";
+
+fn tool(namespace: &str, object_name: &str) -> Tool {
+    let spec = serde_json::from_value(serde_json::json!({
+        "name": object_name.replace('-', "_"),
+        "description": "test tool",
+        "inputSchema": {"type": "object"},
+        "runtime": {"image": "python:3.12-slim", "command": ["true"]},
+    }))
+    .expect("spec");
+    Tool::new(namespace.to_owned(), object_name.to_owned(), 1, spec).expect("tool")
+}
+
+fn kube_user(user: &str, groups: &[&str]) -> Identity {
+    let mut groups: Vec<String> = groups.iter().map(|g| (*g).to_owned()).collect();
+    groups.push("system:authenticated".into());
+    Identity { issuer: "kubernetes".into(), user: user.into(), groups, scopes: vec![] }
+}
+
+fn oidc_user(user: &str, groups: &[&str]) -> Identity {
+    Identity {
+        issuer: "https://idp.example.com".into(),
+        user: user.into(),
+        groups: groups.iter().map(|g| (*g).to_owned()).collect(),
+        scopes: vec![],
+    }
+}
+
+fn apikey_user(user: &str, groups: &[&str]) -> Identity {
+    Identity { issuer: "apikey".into(), ..oidc_user(user, groups) }
+}
+
+async fn authorizer() -> SarAuthorizer {
+    rbac::grant_gateway("toolyard-test-gateway-sar", "authorization.k8s.io", "subjectaccessreviews", "create").await;
+    let client = TestEnv::get().client(User::Gateway).await;
+    SarAuthorizer::new(client, SarSettings::default(), AuthzMetrics::default())
+}
+
+fn call(user: &str, groups: &[&str], ns: &str, name: &str) -> Ask {
+    Ask::new(user, groups, ns, GROUP, "mcptools", "call").named(name)
+}
+
+fn call_all(user: &str, groups: &[&str], ns: &str) -> Ask {
+    Ask::new(user, groups, ns, GROUP, "mcptools", "call")
+}
+
+#[tokio::test]
+async fn tools_granted_to_users_and_groups_by_name_and_nothing_else() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authz").await.expect("namespace");
+    // alice: price-option by name; group ops (bob): calc-greeks by name.
+    rbac::namespace_grant(
+        &ns,
+        "call-price",
+        GROUP,
+        "mcptools",
+        &["call"],
+        &["price-option"],
+        vec![subject("User", "alice")],
+    )
+    .await;
+    rbac::namespace_grant(
+        &ns,
+        "call-greeks",
+        GROUP,
+        "mcptools",
+        &["call"],
+        &["calc-greeks"],
+        vec![subject("Group", "ops")],
+    )
+    .await;
+    rbac::wait_for(call("alice", &[], &ns, "price-option"), true).await;
+    rbac::wait_for(call("bob", &["ops"], &ns, "calc-greeks"), true).await;
+
+    let authz = authorizer().await;
+    let price = tool(&ns, "price-option");
+    let greeks = tool(&ns, "calc-greeks");
+    let quote = tool(&ns, "get-quote");
+    let alice = kube_user("alice", &["quants", "viewers"]);
+    let bob = kube_user("bob", &["ops"]);
+
+    let matrix = [
+        (&alice, &price, true),
+        (&alice, &greeks, false),
+        (&alice, &quote, false),
+        (&bob, &price, false),
+        (&bob, &greeks, true),
+        (&bob, &quote, false),
+    ];
+    for (who, tool, expected) in matrix {
+        let allowed = authz.can_call(who, tool).await.expect("decision");
+        assert_eq!(allowed, expected, "{} on {}", who.user, tool.object_name);
+    }
+    // An API-key user named alice is reviewed as alice; an OIDC user named alice is not.
+    assert!(authz.can_call(&apikey_user("alice", &[]), &price).await.expect("decision"));
+    assert!(!authz.can_call(&oidc_user("alice", &["ops"]), &price).await.expect("decision"));
+    assert!(!authz.can_call(&oidc_user("alice", &["ops"]), &greeks).await.expect("decision"));
+    // A tool of the same name in another namespace is another object.
+    let elsewhere = env.namespace("authz-other").await.expect("namespace");
+    assert!(!authz.can_call(&alice, &tool(&elsewhere, "price-option")).await.expect("decision"));
+}
+
+#[tokio::test]
+async fn a_cluster_wide_grant_costs_one_review_per_subject() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authz-cw").await.expect("namespace");
+    let ns2 = env.namespace("authz-cw2").await.expect("namespace");
+    let name = format!("toolyard-test-call-all-{}", random_suffix(6));
+    // OIDC users are reviewed with the oidc: prefix, so the binding names the prefixed group.
+    rbac::cluster_grant(&name, GROUP, "mcptools", &["call"], &[], vec![subject("Group", "oidc:analysts")]).await;
+    rbac::wait_for(call_all("oidc:erin", &["oidc:analysts"], &ns), true).await;
+
+    let authz = authorizer().await;
+    let erin = oidc_user("erin", &["analysts"]);
+    let before = authz.reviews_sent();
+    for object in ["a", "b", "c", "d", "e"] {
+        assert!(authz.can_call(&erin, &tool(&ns, object)).await.expect("decision"), "{object}");
+    }
+    assert_eq!(authz.reviews_sent() - before, 1, "one broad review covers every tool of the namespace");
+    assert!(authz.can_call(&erin, &tool(&ns2, "a")).await.expect("decision"));
+    assert_eq!(authz.reviews_sent() - before, 2, "one more for the other namespace");
+
+    // The group without the prefix, or another user, gets nothing.
+    assert!(!authz.can_call(&kube_user("erin", &["analysts"]), &tool(&ns, "a")).await.expect("decision"));
+    assert!(!authz.can_call(&oidc_user("frank", &[]), &tool(&ns, "a")).await.expect("decision"));
+    rbac::remove_cluster_grant(&name).await;
+}
+
+#[tokio::test]
+async fn a_namespace_wide_role_grants_every_tool_there() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authz-nw").await.expect("namespace");
+    rbac::namespace_grant(&ns, "call-all", GROUP, "mcptools", &["call"], &[], vec![subject("Group", "quants")]).await;
+    rbac::wait_for(call_all("alice", &["quants"], &ns), true).await;
+    let authz = authorizer().await;
+    let alice = kube_user("alice", &["quants", "viewers"]);
+    assert!(authz.can_call(&alice, &tool(&ns, "anything")).await.expect("decision"));
+    assert!(!authz.can_call(&kube_user("bob", &["ops"]), &tool(&ns, "anything")).await.expect("decision"));
+    let other = env.namespace("authz-nw2").await.expect("namespace");
+    assert!(!authz.can_call(&alice, &tool(&other, "anything")).await.expect("decision"));
+}
+
+#[tokio::test]
+async fn coding_tasks_need_create_on_codingtasks() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authz-task").await.expect("namespace");
+    rbac::namespace_grant(&ns, "tasks", GROUP, "codingtasks", &["create"], &[], vec![subject("User", "alice")]).await;
+    rbac::wait_for(Ask::new("alice", &[], &ns, GROUP, "codingtasks", "create"), true).await;
+    let authz = authorizer().await;
+    assert!(authz.can_create_task(&kube_user("alice", &["quants"]), &ns).await.expect("decision"));
+    assert!(!authz.can_create_task(&kube_user("bob", &["ops"]), &ns).await.expect("decision"));
+    // Calling tools is a different permission.
+    assert!(!authz.can_call(&kube_user("alice", &["quants"]), &tool(&ns, "x")).await.expect("decision"));
+}
+
+#[tokio::test]
+async fn decisions_are_cached_and_concurrent_questions_share_one_review() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authz-cache").await.expect("namespace");
+    rbac::namespace_grant(&ns, "call-one", GROUP, "mcptools", &["call"], &["one"], vec![subject("User", "alice")])
+        .await;
+    rbac::wait_for(call("alice", &[], &ns, "one"), true).await;
+    let authz = authorizer().await;
+    let alice = kube_user("alice", &[]);
+    let one = Arc::new(tool(&ns, "one"));
+
+    let answers = futures::future::join_all((0..16).map(|_| {
+        let (authz, alice, one) = (authz.clone(), alice.clone(), Arc::clone(&one));
+        async move { authz.can_call(&alice, &one).await.expect("decision") }
+    }))
+    .await;
+    assert!(answers.iter().all(|a| *a));
+    assert_eq!(authz.reviews_sent(), 2, "one broad review (denied) and one for the tool, shared by 16 callers");
+
+    assert!(authz.can_call(&alice, &one).await.expect("decision"));
+    assert!(!authz.can_call(&kube_user("bob", &[]), &one).await.expect("decision"));
+    let after_bob = authz.reviews_sent();
+    assert!(!authz.can_call(&kube_user("bob", &[]), &one).await.expect("decision"));
+    assert_eq!(authz.reviews_sent(), after_bob, "the deny came from the cache");
+    // Groups are part of the key: the same user with other groups is asked again.
+    assert!(authz.can_call(&kube_user("alice", &["ops"]), &one).await.expect("decision"));
+    assert!(authz.reviews_sent() > after_bob);
+}
+
+#[tokio::test]
+async fn a_failing_review_denies_and_is_not_cached() {
+    // bob may not create SubjectAccessReviews: every review fails with 403.
+    let env = TestEnv::get();
+    let ns = env.namespace("authz-err").await.expect("namespace");
+    let metrics = AuthzMetrics::default();
+    let authz = SarAuthorizer::new(env.client(User::Bob).await, SarSettings::default(), metrics.clone());
+    let admin = kube_user("admin", &["system:masters"]);
+    assert!(!authz.can_call(&admin, &tool(&ns, "x")).await.expect("decision"));
+    assert!(!authz.can_create_task(&admin, &ns).await.expect("decision"));
+    assert_eq!(metrics.review_errors.get(), 2);
+    assert!(!authz.can_call(&admin, &tool(&ns, "x")).await.expect("decision"));
+    assert_eq!(authz.reviews_sent(), 3, "errors are not cached");
+}
