@@ -5,6 +5,10 @@ use std::sync::Arc;
 use serde_json::Value;
 use toolyard_api::mcptool::McpToolSpec;
 
+pub mod kube;
+pub mod local;
+pub mod manifest;
+
 /// A tool as the MCP layer sees it: the McpTool spec plus its compiled input validator.
 #[derive(Debug)]
 pub struct Tool {
@@ -18,13 +22,22 @@ pub struct Tool {
     pub spec: McpToolSpec,
     /// Compiled `inputSchema` (never fetches remote `$ref`s).
     pub validator: Arc<jsonschema::Validator>,
+    /// Pool mode: base URL of the warm pool serving this tool (the McpTool's
+    /// `status.endpoint`, or a local warm worker in embedded mode).
+    pub endpoint: Option<String>,
 }
 
 impl Tool {
     /// Builds a tool, compiling its input schema. Errors name what is wrong with the schema.
     pub fn new(namespace: String, object_name: String, generation: i64, spec: McpToolSpec) -> Result<Self, String> {
         let validator = compile_schema(&Value::Object(spec.input_schema.clone()))?;
-        Ok(Self { namespace, object_name, generation, spec, validator: Arc::new(validator) })
+        Ok(Self { namespace, object_name, generation, spec, validator: Arc::new(validator), endpoint: None })
+    }
+
+    /// The same tool with a pool endpoint.
+    pub fn with_endpoint(mut self, endpoint: Option<String>) -> Self {
+        self.endpoint = endpoint;
+        self
     }
 
     /// MCP tool name.

@@ -5,11 +5,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
+use toolyard_api::OwnerKey;
 use toolyard_api::protocol::CallResult;
 use toolyard_api::storage::RunId;
 
 use crate::catalog::Tool;
 use crate::identity::Identity;
+
+pub mod kube;
+pub mod local;
+pub mod pool;
 
 /// Everything an executor needs for one call. Arguments are already validated.
 #[derive(Debug)]
@@ -38,4 +43,12 @@ pub trait Executor: Send + Sync + 'static {
     /// Tool failures (non-zero exit, invalid result, timeout) are `Ok` with an error
     /// [`CallResult`]; `Err` is for failures of the platform itself.
     async fn call(&self, request: CallRequest) -> crate::Result<CallResult>;
+}
+
+/// Records a call's result where the platform keeps run state (the ToolCall's `status.result`
+/// on Kubernetes). The internal API calls it after storing `result.json` for a runner.
+#[async_trait]
+pub trait ResultRecorder: Send + Sync + 'static {
+    /// Records `result` of call `call` (owned by `owner`) in `namespace`.
+    async fn record(&self, namespace: &str, call: &RunId, owner: &OwnerKey, result: &CallResult) -> crate::Result<()>;
 }

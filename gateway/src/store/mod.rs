@@ -9,6 +9,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use toolyard_api::OwnerKey;
 
+pub mod fs;
+pub mod s3;
+
 /// Metadata of a stored object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectInfo {

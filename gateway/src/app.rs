@@ -1,0 +1,293 @@
+//! The public HTTP router: MCP endpoints behind authentication and admission limits, plus
+//! the ops endpoints.
+//!
+//! ```text
+//! /mcp                       all tools the caller may call
+//! /toolsets/{toolset}/mcp    the tools of one toolset
+//! /healthz /readyz /metrics  ops (no authentication; /metrics only when configured)
+//! ```
+//!
+//! Layers on the MCP routes, outermost first: shutdown refusal and the global HTTP limit
+//! (503 + `Retry-After`), the declared body size (413), the authentication layer the caller
+//! passes in (it puts an [`Identity`] into the request extensions or answers 401/403), the
+//! per-user HTTP limit (429 + `Retry-After`). Every route is counted in the metrics.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Path, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{Route, any, get};
+use bytes::BytesMut;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tower::{Layer, Service};
+
+use crate::identity::Identity;
+use crate::mcp::{self, McpService, Scope};
+use crate::metrics::{Metrics, Rejection};
+use crate::state::AppState;
+
+/// Route template of the all-tools endpoint.
+pub const MCP_PATH: &str = "/mcp";
+/// Route template of a toolset endpoint.
+pub const TOOLSET_MCP_PATH: &str = "/toolsets/{toolset}/mcp";
+
+#[derive(Clone)]
+struct McpRoutes {
+    service: McpService,
+    max_body_bytes: usize,
+    metrics: Arc<Metrics>,
+}
+
+/// The public router. `auth` is the authentication layer applied to the MCP routes (not to
+/// the ops routes); it must insert [`Identity`] into the request extensions on success, e.g.
+/// `axum::middleware::from_fn_with_state(auth_state, crate::auth::require_identity)`.
+///
+/// In-flight MCP streams end when `state.shutdown` fires (subscriptions) — tool calls are
+/// let run; see [`crate::server`] for the shutdown sequence.
+pub fn app<L>(state: AppState, auth: L) -> Router
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Response: IntoResponse + 'static,
+    <L::Service as Service<Request>>::Error: Into<Infallible> + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
+    app_with(state, auth, Router::new(), CancellationToken::new())
+}
+
+/// [`app`] with more public routes that need no authentication (the RFC 9728 metadata of
+/// [`crate::auth::metadata_router`]) and the token that hard-stops every MCP stream (fired
+/// by the server at the end of the shutdown grace period). The extra routes are counted in
+/// the metrics like the others.
+pub fn app_with<L>(state: AppState, auth: L, extra_public: Router, stream_cancel: CancellationToken) -> Router
+where
+    L: Layer<Route> + Clone + Send + Sync + 'static,
+    L::Service: Service<Request> + Clone + Send + Sync + 'static,
+    <L::Service as Service<Request>>::Response: IntoResponse + 'static,
+    <L::Service as Service<Request>>::Error: Into<Infallible> + 'static,
+    <L::Service as Service<Request>>::Future: Send + 'static,
+{
+    let routes = McpRoutes {
+        service: mcp::service(state.clone(), stream_cancel),
+        max_body_bytes: state.settings.limits.max_body_bytes,
+        metrics: state.metrics.clone(),
+    };
+    let mcp_router = Router::new()
+        .route(MCP_PATH, any(mcp_all))
+        .route(TOOLSET_MCP_PATH, any(mcp_toolset))
+        .with_state(routes)
+        .route_layer(middleware::from_fn_with_state(state.clone(), per_user_admission))
+        .route_layer(auth)
+        .route_layer(middleware::from_fn_with_state(state.clone(), global_admission));
+    let ops = if state.settings.metrics_on_public { ops_router(state.clone()) } else { health_router(state.clone()) };
+    Router::new()
+        .merge(mcp_router)
+        .merge(ops)
+        .merge(extra_public)
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state, record_request))
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// `/healthz`, `/readyz` and `/metrics`: for the separate metrics listener.
+pub fn ops_router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+fn health_router(state: AppState) -> Router {
+    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(state)
+}
+
+async fn mcp_all(State(routes): State<McpRoutes>, mut request: Request) -> Response {
+    request.extensions_mut().insert(Scope::All);
+    forward(&routes, request).await
+}
+
+async fn mcp_toolset(State(routes): State<McpRoutes>, Path(toolset): Path<String>, mut request: Request) -> Response {
+    if !is_dns_label(&toolset) {
+        return not_found().await;
+    }
+    request.extensions_mut().insert(Scope::Toolset(toolset));
+    forward(&routes, request).await
+}
+
+/// Hands a request to the MCP service. POST bodies are read here first (up to the cap, 413
+/// beyond), so that a body the MCP layer cannot decode gets a JSON-RPC error: `-32700` for
+/// text that is not JSON, `-32600` for JSON that is no JSON-RPC message (HTTP 400 both).
+async fn forward(routes: &McpRoutes, request: Request) -> Response {
+    if request.method() != Method::POST {
+        return routes.service.handle(request).await.map(Body::new);
+    }
+    let (parts, body) = request.into_parts();
+    let json_body = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(';').next().is_some_and(|e| e.trim().eq_ignore_ascii_case("application/json")));
+    let mut stream = body.into_data_stream();
+    let mut bytes = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let Ok(chunk) = chunk else {
+            return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
+        };
+        if bytes.len() + chunk.len() > routes.max_body_bytes {
+            routes.metrics.admission_rejected(Rejection::BodyTooLarge);
+            return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response();
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    let bytes = bytes.freeze();
+    let response = routes.service.handle(Request::from_parts(parts, Body::from(bytes.clone()))).await;
+    if json_body && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return undecodable_message(&bytes);
+    }
+    response.map(Body::new)
+}
+
+/// The JSON-RPC error for a body that is not a JSON-RPC message.
+fn undecodable_message(body: &[u8]) -> Response {
+    let (code, message, id) = match serde_json::from_slice::<Value>(body) {
+        Err(e) => (-32700, format!("Parse error: the body is not JSON ({e})"), Value::Null),
+        Ok(v) => {
+            let id = v.get("id").filter(|id| id.is_string() || id.is_number()).cloned().unwrap_or(Value::Null);
+            (
+                -32600,
+                "Invalid Request: not a JSON-RPC 2.0 message of MCP (check jsonrpc, id, method and params)".to_owned(),
+                id,
+            )
+        }
+    };
+    let body = json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "not found\n").into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.readiness().await {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
+        .into_response()
+}
+
+/// Refuses new MCP requests while shutting down, bounds concurrent requests, and refuses a
+/// declared body above the cap before reading it.
+async fn global_admission(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if state.shutdown.is_cancelled() {
+        state.metrics.admission_rejected(Rejection::ShuttingDown);
+        let mut response = busy_response(&state, StatusCode::SERVICE_UNAVAILABLE, "server is shutting down");
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    }
+    let declared =
+        request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.settings.limits.max_body_bytes as u64) {
+        state.metrics.admission_rejected(Rejection::BodyTooLarge);
+        return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response();
+    }
+    let _permit = match state.limits.try_admit_http() {
+        Ok(p) => p,
+        Err(rejection) => {
+            state.metrics.admission_rejected(rejection);
+            return busy_response(&state, StatusCode::SERVICE_UNAVAILABLE, "too many requests in flight");
+        }
+    };
+    next.run(request).await
+}
+
+/// Bounds concurrent requests of one authenticated user (after authentication).
+async fn per_user_admission(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(identity) = request.extensions().get::<Identity>() else {
+        return next.run(request).await;
+    };
+    let _permit = match state.limits.try_admit_http_user(identity.owner_key().as_str()) {
+        Ok(p) => p,
+        Err(rejection) => {
+            state.metrics.admission_rejected(rejection);
+            return busy_response(&state, StatusCode::TOO_MANY_REQUESTS, "too many requests in flight for this user");
+        }
+    };
+    next.run(request).await
+}
+
+fn busy_response(state: &AppState, status: StatusCode, message: &str) -> Response {
+    let retry = state.limits.settings().retry_after.as_secs().max(1);
+    let mut response = (status, format!("{message}; retry later\n")).into_response();
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry));
+    response
+}
+
+/// Counts every request by route template, method and status.
+async fn record_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let route = route.unwrap_or_else(|| "unmatched".to_owned());
+    let method = if is_standard_method(&method) { method } else { "other".to_owned() };
+    state.metrics.http_request(&route, &method, response.status().as_u16(), started.elapsed());
+    response
+}
+
+fn is_standard_method(m: &str) -> bool {
+    matches!(m, "GET" | "POST" | "PUT" | "DELETE" | "HEAD" | "OPTIONS" | "PATCH")
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn undecodable_bodies_get_json_rpc_errors() {
+        let parse = undecodable_message(b"{not json");
+        assert_eq!(parse.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(parse.into_body(), 10_000).await.unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], -32700);
+        assert_eq!(v["id"], Value::Null);
+        let invalid = undecodable_message(br#"{"jsonrpc":"2.0","id":7,"method":5}"#);
+        let body = axum::body::to_bytes(invalid.into_body(), 10_000).await.unwrap();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((v["error"]["code"].clone(), v["id"].clone()), (json!(-32600), json!(7)));
+    }
+
+    #[test]
+    fn toolset_names_are_dns_labels() {
+        assert!(is_dns_label("pricing"));
+        assert!(is_dns_label("a-1"));
+        for bad in ["", "-a", "a-", "A", "a_b", "..", "a/b", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! Calls to a warm pool (`toolyard-runner serve`): a pod of a Pool-mode McpTool on Kubernetes,
+//! or a local warm worker in embedded mode.
+//!
+//! [`PoolClient`] is the HTTP client (`POST` [`pool::CALL_PATH`] with a call token signed by
+//! the pool's derived key). [`run_pool_call`] is a whole call: it stores the input, calls the
+//! pool, and stores the result and logs under the caller's prefix, as a Job call would.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
+use toolyard_api::protocol::{CallErrorKind, CallResult};
+use toolyard_api::storage::CallFile;
+use toolyard_api::token::{Claims, RunKind, SigningKey};
+
+use super::CallRequest;
+use crate::store::ArtifactStore;
+use crate::{Error, Result};
+
+/// Largest pool response accepted (result plus bounded logs).
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+
+/// Why a pool call did not produce a [`PoolCallResponse`].
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// Every slot and the queue are full (HTTP 503).
+    #[error("the warm pool is busy")]
+    Busy {
+        /// The pool's `Retry-After`, if any.
+        retry_after: Option<Duration>,
+    },
+    /// No answer before the deadline.
+    #[error("the warm pool did not answer in time")]
+    TimedOut,
+    /// Connection failed.
+    #[error("the warm pool is unreachable: {0}")]
+    Unreachable(String),
+    /// The pool refused the call token (HTTP 401/403): the keys do not match.
+    #[error("the warm pool refused the call token (HTTP {0})")]
+    Refused(u16),
+    /// Any other answer.
+    #[error("the warm pool answered badly: {0}")]
+    BadResponse(String),
+}
+
+/// HTTP client for pool servers.
+#[derive(Clone, Debug)]
+pub struct PoolClient {
+    http: reqwest::Client,
+}
+
+impl PoolClient {
+    /// A client with the given connect timeout (each call sets its own total timeout).
+    pub fn new(connect_timeout: Duration) -> Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| Error::Internal(format!("building the pool HTTP client: {e}")))?;
+        Ok(Self { http })
+    }
+
+    /// Posts one call to `endpoint` (a base URL such as `http://pool.ns.svc:8080`) with `token`,
+    /// waiting at most `timeout`.
+    pub async fn call(
+        &self,
+        endpoint: &str,
+        token: &str,
+        request: &PoolCallRequest,
+        timeout: Duration,
+    ) -> Result<PoolCallResponse, PoolError> {
+        let url = format!("{}{}", endpoint.trim_end_matches('/'), pool::CALL_PATH);
+        let sent = self.http.post(&url).bearer_auth(token).json(request).timeout(timeout).send().await;
+        let mut response = match sent {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => return Err(PoolError::TimedOut),
+            Err(e) => return Err(PoolError::Unreachable(without_url(&e))),
+        };
+        let status = response.status();
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_secs);
+            return Err(PoolError::Busy { retry_after });
+        }
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(PoolError::Refused(status.as_u16()));
+        }
+        let mut body = Vec::new();
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+                        return Err(PoolError::BadResponse(format!("answer larger than {MAX_RESPONSE_BYTES} bytes")));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+                Ok(None) => break,
+                Err(e) if e.is_timeout() => return Err(PoolError::TimedOut),
+                Err(e) => return Err(PoolError::Unreachable(without_url(&e))),
+            }
+        }
+        if !status.is_success() {
+            let text: String = String::from_utf8_lossy(&body).chars().take(300).collect();
+            return Err(PoolError::BadResponse(format!("HTTP {}: {text}", status.as_u16())));
+        }
+        serde_json::from_slice(&body).map_err(|e| PoolError::BadResponse(format!("not a pool call response: {e}")))
+    }
+}
+
+fn without_url(e: &reqwest::Error) -> String {
+    // The URL is an internal address: keep it in logs only through the caller's fields.
+    let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(url.as_str(), "<pool>");
+    }
+    text
+}
+
+/// Everything a pool call needs besides the request.
+#[derive(Debug)]
+pub struct PoolTarget<'a> {
+    /// Base URL of the pool.
+    pub endpoint: &'a str,
+    /// The pool's derived key (`SigningKey::derive(&pool::key_purpose(ns, mcptool))`).
+    pub key: &'a SigningKey,
+    /// Namespace recorded in the token (empty in embedded mode).
+    pub namespace: &'a str,
+    /// Extra time on top of the tool's timeout before the gateway gives up.
+    pub grace: Duration,
+}
+
+/// Runs one call on a pool: stores `input.json`, posts the call, stores `result.json`,
+/// `stdout.log` and `stderr.log`, and returns the result. Tool failures and timeouts are
+/// `Ok` results; an unreachable or misconfigured pool is an `Err`.
+pub async fn run_pool_call(
+    client: &PoolClient,
+    store: &dyn ArtifactStore,
+    target: PoolTarget<'_>,
+    request: CallRequest,
+) -> Result<CallResult> {
+    let owner = request.caller.owner_key();
+    let id = request.id.as_str();
+    let timeout = Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
+    let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
+    store.put(&owner, &call_file(id, CallFile::Input), Bytes::from(input)).await?;
+
+    let exp = jiff_now() + i64::try_from((timeout + target.grace).as_secs()).unwrap_or(i64::MAX / 2) + 60;
+    let claims = Claims {
+        kind: RunKind::Call,
+        ns: target.namespace.to_owned(),
+        id: id.to_owned(),
+        owner: request.caller.owner(),
+        exp,
+    };
+    let token = target.key.sign(&claims);
+    let body = PoolCallRequest {
+        id: id.to_owned(),
+        arguments: request.arguments.clone(),
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        traceparent: request.traceparent.clone(),
+    };
+    let started = Instant::now();
+    let outcome = tokio::select! {
+        () = request.cancel.cancelled() => None,
+        r = client.call(target.endpoint, &token, &body, timeout + target.grace) => Some(r),
+    };
+    let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let (result, stdout, stderr) = match outcome {
+        None => (CallResult::err(CallErrorKind::Cancelled, "the call was cancelled", None, elapsed_ms), None, None),
+        Some(Ok(response)) => (response.result, Some(response.stdout), Some(response.stderr)),
+        Some(Err(PoolError::TimedOut)) => (
+            CallResult::err(
+                CallErrorKind::TimedOut,
+                format!("timed out after {}s", timeout.as_secs()),
+                None,
+                elapsed_ms,
+            ),
+            None,
+            None,
+        ),
+        Some(Err(PoolError::Busy { .. })) => return Err(Error::Busy("the tool's warm pool is at capacity".into())),
+        Some(Err(e @ PoolError::Refused(_))) => {
+            tracing::error!(error = %e, "pool refused the gateway's call token; are the signing keys the same?");
+            return Err(Error::Internal(e.to_string()));
+        }
+        Some(Err(e)) => {
+            tracing::warn!(error = %e, "pool call failed");
+            return Err(Error::Unavailable("the tool's warm pool is not reachable; try again shortly".into()));
+        }
+    };
+    store_outcome(store, &owner, id, &result, stdout, stderr).await;
+    Ok(result)
+}
+
+/// Stores the result and logs; failures are logged (the caller already has the result).
+async fn store_outcome(
+    store: &dyn ArtifactStore,
+    owner: &toolyard_api::OwnerKey,
+    id: &str,
+    result: &CallResult,
+    stdout: Option<String>,
+    stderr: Option<String>,
+) {
+    let mut files = vec![(CallFile::Result, serde_json::to_vec(result).unwrap_or_default())];
+    if let Some(out) = stdout.filter(|s| !s.is_empty()) {
+        files.push((CallFile::Stdout, out.into_bytes()));
+    }
+    if let Some(err) = stderr.filter(|s| !s.is_empty()) {
+        files.push((CallFile::Stderr, err.into_bytes()));
+    }
+    for (file, bytes) in files {
+        if let Err(e) = store.put(owner, &call_file(id, file), Bytes::from(bytes)).await {
+            tracing::error!(error = %e, file = file.file_name(), "storing a pool call's file failed");
+        }
+    }
+}
+
+/// `calls/<id>/<file>` relative to the owner's prefix.
+pub fn call_file(id: &str, file: CallFile) -> String {
+    format!("calls/{id}/{}", file.file_name())
+}
+
+fn jiff_now() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}

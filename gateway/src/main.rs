@@ -1,0 +1,27 @@
+//! `toolyard-gateway`: parses the command line and runs a command of the library.
+
+use clap::{Parser, Subcommand};
+
+/// The Toolyard gateway: MCP tools from McpTool objects over authenticated HTTPS.
+#[derive(Parser, Debug)]
+#[command(name = "toolyard-gateway", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve on Kubernetes: tools from McpTool objects, calls as ToolCalls, files in S3.
+    Serve(Box<toolyard_gateway::serve::ServeArgs>),
+    /// Run everything on this machine: tools from a folder of manifests, calls as local processes.
+    Local(Box<toolyard_gateway::local::LocalArgs>),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Serve(args) => toolyard_gateway::serve::run(*args).await,
+        Command::Local(args) => toolyard_gateway::local::run(*args).await,
+    }
+}

@@ -1,0 +1,345 @@
+//! The rmcp [`ServerHandler`]: tools/list, tools/call and subscriptions/listen.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ServerCapabilities, ServerConfig, SubscriptionFilter,
+};
+use rmcp::service::{RequestContext, SubscriptionContext};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::Value;
+use toolyard_api::protocol::CallErrorKind;
+use toolyard_api::storage::RunId;
+use tracing::Instrument;
+
+use super::{Scope, convert, cursor, errors};
+use crate::catalog::Tool;
+use crate::executor::CallRequest;
+use crate::identity::Identity;
+use crate::metrics::CallOutcome;
+use crate::state::AppState;
+
+/// Protocol revisions served: the newest rmcp knows, the previous one, and 2025-06-18 for
+/// clients that have not moved on yet.
+pub const SUPPORTED_PROTOCOL_VERSIONS: &[ProtocolVersion] =
+    &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18];
+
+/// Authorization checks run at once while listing.
+const AUTHZ_CONCURRENCY: usize = 16;
+
+/// The MCP handler. One is cloned per request (the transport is stateless).
+#[derive(Clone)]
+pub struct McpHandler {
+    state: AppState,
+}
+
+impl McpHandler {
+    /// A handler over `state`.
+    pub fn new(state: AppState) -> Self {
+        Self { state }
+    }
+
+    fn parts(context: &RequestContext<RoleServer>) -> Option<&http::request::Parts> {
+        context.extensions.get::<http::request::Parts>()
+    }
+
+    fn identity(context: &RequestContext<RoleServer>) -> Result<Identity, ErrorData> {
+        Self::parts(context).and_then(|p| p.extensions.get::<Identity>()).cloned().ok_or_else(errors::unauthenticated)
+    }
+
+    fn scope(context: &RequestContext<RoleServer>) -> Scope {
+        Self::parts(context).and_then(|p| p.extensions.get::<Scope>()).cloned().unwrap_or(Scope::All)
+    }
+
+    /// The W3C traceparent of the request: `_meta.traceparent` first, then the HTTP header.
+    /// Only well-formed values are kept (they end up in an annotation and an environment variable).
+    fn traceparent(context: &RequestContext<RoleServer>) -> Option<String> {
+        let from_meta = context.meta.0.get_traceparent().map(str::to_owned);
+        let from_header = || {
+            Self::parts(context)
+                .and_then(|p| p.headers.get("traceparent"))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        from_meta.or_else(from_header).filter(|t| is_traceparent(t))
+    }
+
+    /// Authorizes `tools` for `who` (bounded concurrency, order kept) and returns at most
+    /// `limit` allowed ones plus whether candidates remain after the last one returned.
+    async fn authorized_page(
+        &self,
+        who: &Identity,
+        tools: Vec<Arc<Tool>>,
+        limit: usize,
+    ) -> Result<(Vec<Arc<Tool>>, bool), ErrorData> {
+        let total = tools.len();
+        let authorizer = self.state.authorizer.clone();
+        let mut checks = futures::stream::iter(tools)
+            .map(|tool| {
+                let authorizer = authorizer.clone();
+                async move {
+                    let allowed = authorizer.can_call(who, &tool).await;
+                    (tool, allowed)
+                }
+            })
+            .buffered(AUTHZ_CONCURRENCY);
+        let mut page = Vec::new();
+        let mut seen = 0;
+        let mut denied = 0;
+        while let Some((tool, allowed)) = checks.next().await {
+            seen += 1;
+            match allowed {
+                Ok(true) => page.push(tool),
+                Ok(false) => denied += 1,
+                Err(e) => {
+                    tracing::error!(error = %e, tool = %tool.name(), "authorization check failed");
+                    return Err(errors::from_error(&e, self.retry_after()));
+                }
+            }
+            if page.len() >= limit {
+                break;
+            }
+        }
+        if denied > 0 {
+            self.state.metrics.authz_denied("list", denied);
+        }
+        Ok((page, seen < total))
+    }
+
+    /// The tool `name` if it exists in `scope` and `who` may call it; otherwise the
+    /// unknown-tool error (the same for all three cases).
+    async fn resolve(&self, who: &Identity, scope: &Scope, name: &str) -> Result<Arc<Tool>, ErrorData> {
+        let tool =
+            self.state.catalog.get(name).filter(|t| scope.contains(t)).ok_or_else(|| errors::unknown_tool(name))?;
+        match self.state.authorizer.can_call(who, &tool).await {
+            Ok(true) => Ok(tool),
+            Ok(false) => {
+                self.state.metrics.authz_denied("call", 1);
+                Err(errors::unknown_tool(name))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, tool = %tool.name(), "authorization check failed");
+                Err(errors::from_error(&e, self.retry_after()))
+            }
+        }
+    }
+
+    fn retry_after(&self) -> u64 {
+        self.state.limits.settings().retry_after.as_secs().max(1)
+    }
+
+    async fn list(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let who = Self::identity(context)?;
+        let scope = Self::scope(context);
+        let after = match request.and_then(|r| r.cursor) {
+            Some(c) => Some(cursor::decode_cursor(&c).ok_or_else(errors::invalid_cursor)?),
+            None => None,
+        };
+        let mut candidates: Vec<Arc<Tool>> = self
+            .state
+            .catalog
+            .tools()
+            .into_iter()
+            .filter(|t| scope.contains(t))
+            .filter(|t| after.as_deref().is_none_or(|a| t.name() > a))
+            .collect();
+        candidates.sort_by(|a, b| a.name().cmp(b.name()));
+        let (page, more) = self.authorized_page(&who, candidates, self.state.settings.page_size.max(1)).await?;
+        let next_cursor = if more { page.last().map(|t| cursor::encode_cursor(t.name())) } else { None };
+        let mut result = ListToolsResult::with_all_items(page.iter().map(|t| convert::to_mcp_tool(t)).collect());
+        result.next_cursor = next_cursor;
+        Ok(result)
+    }
+
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let who = Self::identity(context)?;
+        let scope = Self::scope(context);
+        let tool = self.resolve(&who, &scope, &request.name).await?;
+        let metrics = &self.state.metrics;
+        let started = Instant::now();
+
+        let arguments = request.arguments.unwrap_or_default();
+        let arguments_value = Value::Object(arguments);
+        if let Err(problems) = tool.validate(&arguments_value) {
+            metrics.tool_call(tool.name(), CallOutcome::InvalidArguments, started.elapsed());
+            return Ok(convert::invalid_arguments(&problems).into());
+        }
+        let Value::Object(arguments) = arguments_value else { unreachable!("built from an object above") };
+
+        let owner_key = who.owner_key();
+        let _permit = match self.state.limits.try_admit_call(owner_key.as_str()) {
+            Ok(p) => p,
+            Err(rejection) => {
+                metrics.admission_rejected(rejection);
+                metrics.tool_call(tool.name(), CallOutcome::Busy, started.elapsed());
+                let what = match rejection {
+                    crate::metrics::Rejection::UserCalls => "too many concurrent calls for this user",
+                    _ => "too many concurrent calls",
+                };
+                return Err(errors::busy(what, self.retry_after()));
+            }
+        };
+
+        let id = new_call_id(tool.name());
+        let span = tracing::info_span!("tool_call", tool = %tool.name(), call = %id, user = %who.user);
+        let call = CallRequest {
+            id: id.clone(),
+            tool: tool.clone(),
+            caller: who,
+            arguments,
+            traceparent: Self::traceparent(context),
+            parent_task: None,
+            cancel: context.ct.clone(),
+        };
+        metrics.calls_in_flight().inc();
+        let outcome = self.state.executor.call(call).instrument(span.clone()).await;
+        metrics.calls_in_flight().dec();
+        let _enter = span.enter();
+        match outcome {
+            Ok(result) => {
+                let counted = match result.error.as_ref().map(|e| e.kind) {
+                    None => CallOutcome::Success,
+                    Some(CallErrorKind::TimedOut) => CallOutcome::TimedOut,
+                    Some(CallErrorKind::Cancelled) => CallOutcome::Cancelled,
+                    Some(_) => CallOutcome::ToolError,
+                };
+                metrics.tool_call(tool.name(), counted, started.elapsed());
+                tracing::info!(
+                    outcome = counted.as_str(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "call finished"
+                );
+                Ok(convert::call_result_to_mcp(result).into())
+            }
+            Err(e) => {
+                let counted = if matches!(e, crate::Error::Busy(_)) { CallOutcome::Busy } else { CallOutcome::Error };
+                metrics.tool_call(tool.name(), counted, started.elapsed());
+                tracing::error!(error = %e, "call failed in the platform");
+                Err(errors::from_error(&e, self.retry_after()))
+            }
+        }
+    }
+}
+
+impl ServerHandler for McpHandler {
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(SUPPORTED_PROTOCOL_VERSIONS)
+    }
+
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build())
+            .with_server_info(Implementation::new(self.state.settings.server_name.clone(), env!("CARGO_PKG_VERSION")))
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let result = self.list(request, &context).await;
+        self.state.metrics.mcp_request("tools/list", if result.is_ok() { "ok" } else { "error" });
+        result
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let result = self.call(request, &context).await;
+        self.state.metrics.mcp_request("tools/call", if result.is_ok() { "ok" } else { "error" });
+        result
+    }
+
+    fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
+        let mut accepted = SubscriptionFilter::new();
+        accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        Self::identity(context.request_context())?;
+        self.state.metrics.mcp_request("subscriptions/listen", "ok");
+        let mut changes = self.state.catalog.changes();
+        changes.borrow_and_update();
+        loop {
+            tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                () = self.state.shutdown.cancelled() => return Ok(()),
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Ok(());
+                    }
+                    if context.accepted().tools_list_changed == Some(true)
+                        && context.sink().notify_tool_list_changed().await.is_err()
+                    {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A new call id: the tool name as a DNS label prefix plus 12 random characters, e.g.
+/// `price-option-3f9c0a1b2c4d`.
+pub fn new_call_id(tool_name: &str) -> RunId {
+    let mut prefix: String =
+        tool_name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
+    prefix.truncate(40);
+    let prefix = prefix.trim_matches('-');
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    let id = if prefix.is_empty() { format!("call-{}", &random[..12]) } else { format!("{prefix}-{}", &random[..12]) };
+    // Collapse runs of '-' that came from several odd characters in a row.
+    let mut clean = String::with_capacity(id.len());
+    for c in id.chars() {
+        if !(c == '-' && clean.ends_with('-')) {
+            clean.push(c);
+        }
+    }
+    RunId::parse(&clean).expect("built from [a-z0-9-] without leading or trailing '-'")
+}
+
+/// Checks the W3C `traceparent` shape: `vv-<32 hex>-<16 hex>-ff`.
+fn is_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    parts.len() == 4 && hex(parts[0], 2) && hex(parts[1], 32) && hex(parts[2], 16) && hex(parts[3], 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_ids_are_dns_labels_named_after_the_tool() {
+        let id = new_call_id("price_option");
+        assert!(id.as_str().starts_with("price-option-"), "{id}");
+        assert_eq!(id.as_str().len(), "price-option-".len() + 12);
+        assert!(new_call_id("__Weird__Name__").as_str().starts_with("weird-name-"));
+        assert!(new_call_id("_").as_str().starts_with("call-"));
+        let long = new_call_id(&"a".repeat(64));
+        assert!(long.as_str().len() <= RunId::MAX_LEN);
+        assert_ne!(new_call_id("x"), new_call_id("x"));
+    }
+
+    #[test]
+    fn traceparent_shape() {
+        assert!(is_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
+        for bad in ["", "00-xyz-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "a\nb"] {
+            assert!(!is_traceparent(bad), "{bad:?}");
+        }
+    }
+}

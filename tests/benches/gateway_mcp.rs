@@ -1,0 +1,364 @@
+//! Benchmark of the gateway's MCP layer against the official Python SDK server (not a test).
+//!
+//! `cargo bench -p toolyard-tests --bench gateway_mcp` (needs the test cluster and the Python
+//! venv with `mcp`; see tests/run.sh). Measures calls/s, p50/p99 latency and server CPU per
+//! call of `tools/list` and `tools/call` at 1, 8 and 32 concurrent clients against:
+//!
+//! - the gateway as `serve` builds it (tools from McpTool objects on the real apiserver,
+//!   bearer authentication by TokenReview with its cache, RBAC by SubjectAccessReview with its
+//!   cache) in its own process, with an executor that answers at once — this measures the
+//!   gateway, not a tool run (the end-to-end figure belongs to the local mode);
+//! - the Python SDK's MCPServer (FastMCP) serving a function of the same shape, stateless with
+//!   JSON responses, no authentication.
+//!
+//! The load generator is this Rust program (reqwest, one task per client, each sending its
+//! next request when the previous answer is complete). Server CPU is read from
+//! `/proc/<pid>/stat` of each server process. `TOOLYARD_BENCH_SECONDS` sets the time per
+//! cell (default 5).
+
+#[path = "../tests/gateway_support/mod.rs"]
+mod gateway_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use gateway_support::{create_tool, grant_call, grant_platform};
+use serde_json::{Value, json};
+use toolyard_api::protocol::CallResult;
+use toolyard_gateway::app::app_with;
+use toolyard_gateway::auth::config::AuthContext;
+use toolyard_gateway::auth::{AuthMetrics, metadata_router, require_identity};
+use toolyard_gateway::authz::{AuthzMetrics, SarAuthorizer, SarSettings};
+use toolyard_gateway::catalog::kube::{KubeCatalog, Namespaces};
+use toolyard_gateway::executor::{CallRequest, Executor};
+use toolyard_gateway::server::{self, Drain, Listener, ServerSettings, ShutdownTokens};
+use toolyard_gateway::state::{AppState, Settings};
+use toolyard_gateway::store::fs::FsStore;
+use toolyard_tests::{TestEnv, User, repo_path, wait_until};
+
+const ROLE: &str = "TOOLYARD_BENCH_ROLE";
+const NAMESPACE: &str = "TOOLYARD_BENCH_NAMESPACE";
+
+/// The executor of this benchmark: answers every call at once with `{"echo": arguments}`.
+struct InstantExecutor;
+
+#[async_trait]
+impl Executor for InstantExecutor {
+    async fn call(&self, request: CallRequest) -> toolyard_gateway::Result<CallResult> {
+        Ok(CallResult::ok(json!({"echo": request.arguments}), 0))
+    }
+}
+
+fn main() {
+    if std::env::var(ROLE).as_deref() == Ok("gateway") {
+        return run_gateway_process();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(run_benchmark());
+}
+
+/// The gateway under test, in its own process so its CPU can be measured alone.
+fn run_gateway_process() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        let env = TestEnv::get();
+        let ns = std::env::var(NAMESPACE).expect("namespace");
+        let client = env.client(User::Gateway).await;
+        let background = tokio_util::sync::CancellationToken::new();
+        let catalog = KubeCatalog::start(client.clone(), &Namespaces::Only(vec![ns]), background.clone());
+        let store_dir = std::env::temp_dir().join(format!("toolyard-bench-{}", std::process::id()));
+        let store = Arc::new(FsStore::new(&store_dir).expect("store"));
+        let authorizer = SarAuthorizer::new(client.clone(), SarSettings::default(), AuthzMetrics::default());
+        let auth = gateway_support::auth_args(&["--tokenreview", "--tokenreview-audience", "toolyard"])
+            .build(AuthContext {
+                kube: Some(client),
+                namespace: "toolyard".into(),
+                public_url: None,
+                default_scheme: "http".into(),
+                metrics: AuthMetrics::default(),
+                shutdown: background.clone(),
+            })
+            .await
+            .expect("auth");
+        let mut settings = Settings::default();
+        settings.limits.max_calls_per_user = 1024;
+        settings.limits.max_http_in_flight_per_user = 1024;
+        let tokens = ShutdownTokens::default();
+        let state =
+            AppState::new(Arc::new(catalog.clone()), Arc::new(InstantExecutor), store, Arc::new(authorizer), settings)
+                .with_shutdown(tokens.app.clone());
+        let layer = axum::middleware::from_fn_with_state(auth.state.clone(), require_identity);
+        let router = app_with(state, layer, metadata_router(auth.metadata.clone()), tokens.streams.clone());
+        wait_until(Duration::from_secs(30), "catalog sync", || {
+            let catalog = catalog.clone();
+            async move { Ok(toolyard_gateway::catalog::ToolCatalog::is_synced(&catalog)) }
+        })
+        .await
+        .expect("sync");
+        let socket = server::bind("public", "127.0.0.1:0").expect("bind");
+        println!("listening on {}", socket.local_addr().expect("addr"));
+        let listeners = vec![Listener { name: "public", socket, router, tls: None, drain: Drain::First }];
+        server::serve(listeners, &ServerSettings::default(), tokens).await.expect("serve");
+        let _ = std::fs::remove_dir_all(store_dir);
+    });
+}
+
+/// CPU seconds (user + system) of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<&str> = stat.rsplit(')').next().expect("fields").split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15 (1-based) -> indexes 11 and 12.
+    let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
+    ticks / clock_ticks()
+}
+
+fn clock_ticks() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        let out = Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(100.0)
+    })
+}
+
+/// One server under test.
+struct Target {
+    name: &'static str,
+    url: String,
+    token: Option<String>,
+    pid: u32,
+}
+
+/// Results of one cell.
+struct Cell {
+    calls_per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_ms_per_call: f64,
+    errors: u64,
+}
+
+fn body(op: &str, id: u64) -> String {
+    match op {
+        "tools/list" => json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}).to_string(),
+        _ => json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "price_option", "arguments": {"x": 1.5}}})
+            .to_string(),
+    }
+}
+
+async fn one_request(http: &reqwest::Client, target: &Target, op: &str, id: u64) -> bool {
+    let mut request = http
+        .post(&target.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body(op, id));
+    if let Some(t) = &target.token {
+        request = request.bearer_auth(t);
+    }
+    let Ok(response) = request.send().await else { return false };
+    if !response.status().is_success() {
+        return false;
+    }
+    let Ok(text) = response.text().await else { return false };
+    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(&text);
+    serde_json::from_str::<Value>(json_text)
+        .is_ok_and(|v| v.get("result").is_some_and(|r| r.get("isError") != Some(&json!(true))))
+}
+
+async fn run_cell(target: &Target, op: &'static str, clients: usize, seconds: f64) -> Cell {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("http client");
+    let counter = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let cpu_before = cpu_seconds(target.pid);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..clients {
+        let http = http.clone();
+        let counter = counter.clone();
+        let errors = errors.clone();
+        let target =
+            Target { name: target.name, url: target.url.clone(), token: target.token.clone(), pid: target.pid };
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            while Instant::now() < deadline {
+                let id = counter.fetch_add(1, Ordering::Relaxed);
+                let t = Instant::now();
+                if one_request(&http, &target, op, id).await {
+                    latencies.push(t.elapsed());
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            latencies
+        }));
+    }
+    let mut latencies = Vec::new();
+    for w in workers {
+        latencies.extend(w.await.expect("worker"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(target.pid) - cpu_before;
+    latencies.sort();
+    let pick = |q: f64| {
+        if latencies.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    let n = latencies.len() as f64;
+    Cell {
+        calls_per_second: n / elapsed,
+        p50_ms: pick(0.50),
+        p99_ms: pick(0.99),
+        cpu_ms_per_call: if n > 0.0 { cpu * 1000.0 / n } else { f64::NAN },
+        errors: errors.load(Ordering::Relaxed),
+    }
+}
+
+fn python_with_mcp() -> String {
+    if let Ok(p) = std::env::var("TOOLYARD_TEST_PYTHON") {
+        return p;
+    }
+    let home = std::env::var("HOME").expect("HOME");
+    let python = format!("{home}/.cache/toolyard/venv/bin/python");
+    assert!(
+        Command::new(&python).args(["-c", "import mcp"]).status().is_ok_and(|s| s.success()),
+        "{python} cannot import mcp: create the venv (python3 -m venv ~/.cache/toolyard/venv && \
+         ~/.cache/toolyard/venv/bin/pip install -r tests/python-requirements.txt)"
+    );
+    python
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn wait_ready(target: &Target) {
+    let http = reqwest::Client::new();
+    for _ in 0..300 {
+        if one_request(&http, target, "tools/list", 0).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{} did not answer tools/list", target.name);
+}
+
+async fn run_benchmark() {
+    let seconds: f64 = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwbench").await.expect("namespace");
+    grant_platform(&ns).await;
+    let spec = json!({
+        "name": "price_option",
+        "description": "Echo the argument (benchmark)",
+        "inputSchema": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+        "runtime": {"image": "registry.example/bench:1", "command": ["run"]}
+    });
+    create_tool(&ns, "price-option", spec, true).await;
+    grant_call(&ns, "alice-calls", &["price-option"], &["alice"], &[]).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("price-option")).await;
+
+    // The gateway process.
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .env(ROLE, "gateway")
+        .env(NAMESPACE, &ns)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("gateway process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("address line");
+    let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
+    let gateway = Target {
+        name: "toolyard-gateway",
+        url: format!("http://{addr}/mcp"),
+        token: Some(env.token(User::Alice).to_owned()),
+        pid: child.id(),
+    };
+    let _gateway_child = Killed(child);
+
+    // The Python SDK server.
+    let port = free_port();
+    let python = Command::new(python_with_mcp())
+        .arg(repo_path("tests/benches/python/fastmcp_server.py"))
+        .arg(port.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python server");
+    let fastmcp = Target {
+        name: "python-sdk-fastmcp",
+        url: format!("http://127.0.0.1:{port}/mcp"),
+        token: None,
+        pid: python.id(),
+    };
+    let _python_child = Killed(python);
+
+    wait_ready(&gateway).await;
+    wait_ready(&fastmcp).await;
+    // Warm up both (caches, connection pools, Python imports).
+    for target in [&gateway, &fastmcp] {
+        for op in ["tools/list", "tools/call"] {
+            run_cell(target, op, 4, 1.0).await;
+        }
+    }
+
+    println!(
+        "# Gateway MCP benchmark ({seconds} s per cell, {} CPUs)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!("gateway executor: answers at once (gateway-only figure: auth + RBAC cache + catalog + validation + MCP)");
+    println!();
+    println!("| server | op | clients | calls/s | p50 ms | p99 ms | server CPU ms/call | errors |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for op in ["tools/list", "tools/call"] {
+        for clients in [1usize, 8, 32] {
+            for target in [&gateway, &fastmcp] {
+                let cell = run_cell(target, op, clients, seconds).await;
+                println!(
+                    "| {} | {op} | {clients} | {:.0} | {:.2} | {:.2} | {:.3} | {} |",
+                    target.name, cell.calls_per_second, cell.p50_ms, cell.p99_ms, cell.cpu_ms_per_call, cell.errors
+                );
+                rows.push((target.name, op, clients, cell));
+            }
+        }
+    }
+    println!();
+    println!("| op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) |");
+    println!("|---|---|---|---|");
+    for op in ["tools/list", "tools/call"] {
+        for clients in [1usize, 8, 32] {
+            let find = |name: &str| {
+                rows.iter().find(|r| r.0 == name && r.1 == op && r.2 == clients).map(|r| &r.3).expect("row")
+            };
+            let (g, p) = (find("toolyard-gateway"), find("python-sdk-fastmcp"));
+            println!(
+                "| {op} | {clients} | {:.1}x | {:.1}x |",
+                g.calls_per_second / p.calls_per_second,
+                p.cpu_ms_per_call / g.cpu_ms_per_call
+            );
+        }
+    }
+    let own = cpu_seconds(std::process::id());
+    println!();
+    println!("load generator CPU over the whole run: {own:.1} s (same machine; it competes with the servers)");
+}

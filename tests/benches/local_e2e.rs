@@ -1,0 +1,332 @@
+//! End-to-end benchmark of the embedded local mode (not a test): calls/s and p50/p99 latency
+//! of the pricing example's `price_option` through `toolyard-gateway local`
+//!
+//! - in Pool mode with process reuse (a warm worker answers over JSON lines),
+//! - in Job mode (a fresh `toolyard-runner call` + Python process per call),
+//!
+//! against the official Python SDK server (MCPServer/FastMCP, stateless JSON) calling the same
+//! function in-process, and against a bare `python3 -c pass` start of the same interpreter
+//! (the floor of any fresh-process call).
+//!
+//! `cargo build --release -p toolyard-gateway -p toolyard-runner && cargo bench -p toolyard-tests --bench local_e2e`
+//! Needs a Python with the `mcp` package for the SDK server (`TOOLYARD_TEST_PYTHON`, else
+//! `~/.cache/toolyard/venv/bin/python` as tests/run.sh makes it). The tools run on
+//! `TOOLYARD_BENCH_PYTHON`, else `python3` resolved to its real executable.
+//! `TOOLYARD_BENCH_SECONDS` (default 5) per cell, `TOOLYARD_BENCH_CLIENTS` (default `1,4`).
+//! The load generator is this program: one task per client, each sending its next request
+//! when the previous answer is complete (stateless MCP `tools/call` over HTTP/1.1).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::repo_path;
+
+const TOKEN: &str = "ty_local-benchmark-token-0001";
+
+fn arguments() -> Value {
+    json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05})
+}
+
+/// A server under test.
+struct Target {
+    name: String,
+    url: String,
+    token: Option<String>,
+    tool: &'static str,
+}
+
+/// A measured cell.
+struct Cell {
+    calls_per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.0.id() as i32), nix::sys::signal::Signal::SIGTERM);
+        let _ = self.0.wait();
+    }
+}
+
+fn summarize(mut latencies: Vec<Duration>, elapsed: f64, errors: u64) -> Cell {
+    latencies.sort();
+    let pick = |q: f64| {
+        if latencies.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    Cell { calls_per_second: latencies.len() as f64 / elapsed, p50_ms: pick(0.5), p99_ms: pick(0.99), errors }
+}
+
+async fn one_call(http: &reqwest::Client, target: &Target, id: u64) -> bool {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": target.tool, "arguments": arguments()}});
+    let mut request = http
+        .post(&target.url)
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body.to_string());
+    if let Some(t) = &target.token {
+        request = request.bearer_auth(t);
+    }
+    let Ok(response) = request.send().await else { return false };
+    if !response.status().is_success() {
+        return false;
+    }
+    let Ok(text) = response.text().await else { return false };
+    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(&text);
+    let Ok(answer) = serde_json::from_str::<Value>(json_text) else { return false };
+    let result = &answer["result"];
+    // The price from the structured result, or from the text content (the SDK server's dict).
+    let price = result["structuredContent"]["price"].as_f64().or_else(|| {
+        let text = result["content"][0]["text"].as_str()?;
+        serde_json::from_str::<Value>(text).ok()?["price"].as_f64()
+    });
+    result.get("isError") != Some(&json!(true)) && price.is_some_and(|p| (p - 10.4506).abs() < 1e-3)
+}
+
+async fn run_cell(target: &Arc<Target>, clients: usize, seconds: f64) -> Cell {
+    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("http client");
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let ids = Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let workers: Vec<_> = (0..clients)
+        .map(|_| {
+            let (http, target, ids) = (http.clone(), Arc::clone(target), Arc::clone(&ids));
+            tokio::spawn(async move {
+                let (mut latencies, mut errors) = (Vec::new(), 0u64);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    if one_call(&http, &target, ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).await {
+                        latencies.push(t.elapsed());
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let (mut latencies, mut errors) = (Vec::new(), 0);
+    for w in workers {
+        let (l, e) = w.await.expect("client task");
+        latencies.extend(l);
+        errors += e;
+    }
+    summarize(latencies, started.elapsed().as_secs_f64(), errors)
+}
+
+/// Bare interpreter starts: `clients` loops of `python -c pass`.
+async fn bare_starts(python: &Path, clients: usize, seconds: f64) -> Cell {
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let started = Instant::now();
+    let workers: Vec<_> = (0..clients)
+        .map(|_| {
+            let python = python.to_owned();
+            tokio::spawn(async move {
+                let (mut latencies, mut errors) = (Vec::new(), 0u64);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    let status = tokio::process::Command::new(&python)
+                        .args(["-c", "pass"])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .status()
+                        .await;
+                    if status.is_ok_and(|s| s.success()) {
+                        latencies.push(t.elapsed());
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (latencies, errors)
+            })
+        })
+        .collect();
+    let (mut latencies, mut errors) = (Vec::new(), 0);
+    for w in workers {
+        let (l, e) = w.await.expect("start task");
+        latencies.extend(l);
+        errors += e;
+    }
+    summarize(latencies, started.elapsed().as_secs_f64(), errors)
+}
+
+fn real_python() -> PathBuf {
+    let name = std::env::var("TOOLYARD_BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = Command::new(&name).args(["-c", "import sys; print(sys.executable)"]).output().expect("python3");
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn python_with_mcp() -> String {
+    let python = std::env::var("TOOLYARD_TEST_PYTHON")
+        .unwrap_or_else(|_| format!("{}/.cache/toolyard/venv/bin/python", std::env::var("HOME").expect("HOME")));
+    assert!(
+        Command::new(&python).args(["-c", "import mcp"]).status().is_ok_and(|s| s.success()),
+        "{python} cannot import mcp: set TOOLYARD_TEST_PYTHON to a Python with `pip install mcp`"
+    );
+    python
+}
+
+/// The pricing example's `price_option` twice: as written (Job) and as a reused Pool worker.
+fn write_manifests(dir: &Path, slots: usize) {
+    let text = std::fs::read_to_string(repo_path("examples/pricing/tools.yaml")).expect("pricing manifests");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("pricing manifests parse");
+    let mut job = docs.into_iter().find(|d| d["spec"]["name"] == "price_option").expect("price_option");
+    // The tool runs in the example's folder (`python -m` imports `pricing` from there).
+    job["spec"]["runtime"]["workingDir"] = json!(repo_path("examples/pricing"));
+    let mut pool = job.clone();
+    pool["metadata"]["name"] = json!("price-option-pool");
+    pool["spec"]["name"] = json!("price_option_pool");
+    pool["spec"]["execution"] = json!({"mode": "Pool", "timeoutSeconds": 30, "pool": {"replicas": 1, "reuseProcess": true, "concurrency": slots}});
+    let yaml = format!("{job}\n---\n{pool}\n");
+    std::fs::write(dir.join("tools.yaml"), yaml).expect("write manifests");
+}
+
+fn start_gateway(tools: &Path, data: &Path, python: &Path) -> (Killed, String) {
+    let mut child = Command::new(local::binary("toolyard-gateway"))
+        .arg("local")
+        .arg(tools)
+        .args(["--listen", "127.0.0.1:0", "--token", TOKEN, "--max-calls", "8"])
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--runner")
+        .arg(local::binary("toolyard-runner"))
+        .arg("--python")
+        .arg(python)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("toolyard-gateway local");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut url = None;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("banner");
+        if let Some(u) = line.trim().strip_prefix("MCP URL:") {
+            url = Some(u.trim().to_owned());
+        }
+        if line.contains("Stop with Ctrl-C") {
+            break;
+        }
+    }
+    (Killed(child), url.expect("the banner names the MCP URL"))
+}
+
+fn start_sdk_server() -> (Killed, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+    let child = Command::new(python_with_mcp())
+        .arg(repo_path("tests/benches/python/pricing_server.py"))
+        .arg(port.to_string())
+        .env("PYTHONPATH", repo_path("examples/pricing"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python SDK server");
+    (Killed(child), format!("http://127.0.0.1:{port}/mcp"))
+}
+
+async fn wait_ready(target: &Target) {
+    let http = reqwest::Client::new();
+    for _ in 0..600 {
+        if one_call(&http, target, 0).await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{} does not answer price_option", target.name);
+}
+
+fn row(name: &str, clients: usize, c: &Cell) {
+    println!("| {name} | {clients} | {:.1} | {:.2} | {:.2} | {} |", c.calls_per_second, c.p50_ms, c.p99_ms, c.errors);
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let seconds: f64 = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    let clients: Vec<usize> = std::env::var("TOOLYARD_BENCH_CLIENTS")
+        .unwrap_or_else(|_| "1,4".into())
+        .split(',')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let python = real_python();
+    let dir = TempDir::new("local-bench");
+    let tools = dir.path().join("tools");
+    std::fs::create_dir_all(&tools).expect("tools folder");
+    write_manifests(&tools, cpus);
+
+    let (_gateway, gateway_url) = start_gateway(&tools, &dir.path().join("data"), &python);
+    let (_sdk, sdk_url) = start_sdk_server();
+    let pool = Arc::new(Target {
+        name: "toolyard local, Pool + reuse".into(),
+        url: gateway_url.clone(),
+        token: Some(TOKEN.into()),
+        tool: "price_option_pool",
+    });
+    let job = Arc::new(Target {
+        name: "toolyard local, Job (fresh process)".into(),
+        url: gateway_url,
+        token: Some(TOKEN.into()),
+        tool: "price_option",
+    });
+    let sdk = Arc::new(Target {
+        name: "Python SDK server (in-process)".into(),
+        url: sdk_url,
+        token: None,
+        tool: "price_option",
+    });
+    for target in [&pool, &job, &sdk] {
+        wait_ready(target).await;
+        run_cell(target, 2, 1.0).await; // warm-up
+    }
+    bare_starts(&python, 1, 1.0).await;
+
+    println!(
+        "# Local mode end to end: price_option ({seconds} s per cell, {cpus} CPUs, tools on {})",
+        python.display()
+    );
+    println!();
+    println!("| target | clients | calls/s | p50 ms | p99 ms | errors |");
+    println!("|---|---|---|---|---|---|");
+    let mut results = Vec::new();
+    for &n in &clients {
+        let cells = [
+            run_cell(&pool, n, seconds).await,
+            run_cell(&job, n, seconds).await,
+            run_cell(&sdk, n, seconds).await,
+            bare_starts(&python, n, seconds).await,
+        ];
+        for (name, cell) in
+            [pool.name.as_str(), job.name.as_str(), sdk.name.as_str(), "bare `python3 -c pass`"].iter().zip(&cells)
+        {
+            row(name, n, cell);
+        }
+        results.push((n, cells));
+    }
+    println!();
+    for (n, [pool, job, sdk, bare]) in &results {
+        println!(
+            "clients {n}: Pool+reuse / SDK server calls/s = {:.2}x (target >= 3x); Job p50 / bare start p50 = {:.2}x (target <= 1.2x)",
+            pool.calls_per_second / sdk.calls_per_second,
+            job.p50_ms / bare.p50_ms
+        );
+    }
+}

@@ -1,0 +1,374 @@
+//! The gateway end to end over HTTP with a real MCP client (rmcp): tools from McpTool objects
+//! on the real apiserver, calls as ToolCalls completed as the controller and runner will,
+//! files in the real S3 server, TokenReview authentication and SubjectAccessReview
+//! authorization with the test users' real tokens.
+
+mod gateway_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway_support::{
+    Behaviour, FakePlatform, Gateway, Options, create_tool, delete_tool, grant_call, grant_platform, spec, toolcalls,
+};
+use kube::api::Api;
+use rmcp::ClientLifecycleMode;
+use rmcp::model::{CallToolRequestParams, ProtocolVersion, SubscriptionFilter};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+use toolyard_api::ToolCall;
+use toolyard_api::conditions::reason;
+use toolyard_api::protocol::CallResult;
+use toolyard_api::storage::CallFile;
+use toolyard_tests::{TestEnv, User, wait_until};
+
+/// A namespace with the platform's RBAC, `tools` (object name, MCP name, timeout) Ready, and
+/// alice allowed to call all of them.
+async fn setup(prefix: &str, tools: &[(&str, &str, i32)]) -> String {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace(prefix).await.expect("namespace");
+    grant_platform(&ns).await;
+    for (object, name, timeout) in tools {
+        create_tool(&ns, object, spec(name, *timeout), true).await;
+    }
+    grant_call(&ns, "alice-calls", &[], &["alice"], &[]).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("anything")).await;
+    ns
+}
+
+fn args(v: Value) -> serde_json::Map<String, Value> {
+    v.as_object().expect("object").clone()
+}
+
+fn call(name: &str, arguments: Value) -> CallToolRequestParams {
+    CallToolRequestParams::new(name.to_owned()).with_arguments(args(arguments))
+}
+
+fn text_of(result: &rmcp::model::CallToolResult) -> String {
+    result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
+}
+
+async fn wait_tools(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>,
+    want: &[&str],
+) {
+    let mut want: Vec<String> = want.iter().map(|s| (*s).to_owned()).collect();
+    want.sort();
+    let mut last = Vec::new();
+    for _ in 0..100 {
+        last = Gateway::listed(client).await;
+        if last == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("listed {last:?}, wanted {want:?}");
+}
+
+#[tokio::test]
+async fn lists_ready_tools_with_their_schemas_and_calls_one_through_a_toolcall() {
+    let ns = setup("gwmcp", &[("price-option", "price_option", 60), ("greeks", "calc_greeks", 60)]).await;
+    create_tool(&ns, "not-ready", spec("not_ready", 60), false).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    let client = gw.client(User::Alice).await;
+
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(names, ["calc_greeks", "price_option"], "only Ready tools, sorted");
+    let price = tools.iter().find(|t| t.name == "price_option").expect("price_option");
+    assert_eq!(price.title.as_deref(), Some("Tool price_option"));
+    assert_eq!(price.description.as_deref(), Some("Test tool price_option"));
+    assert_eq!(price.input_schema.get("required"), Some(&json!(["x"])));
+    assert_eq!(price.annotations.as_ref().and_then(|a| a.read_only_hint), Some(true));
+    assert!(price.output_schema.is_some());
+
+    let result = client.call_tool(call("price_option", json!({"x": 1.5, "label": "a"}))).await.expect("tools/call");
+    assert_eq!(result.is_error, Some(false), "{result:?}");
+    assert_eq!(result.structured_content, Some(json!({"echo": {"x": 1.5, "label": "a"}})));
+    assert_eq!(
+        serde_json::from_str::<Value>(&text_of(&result)).expect("JSON text"),
+        json!({"echo": {"x": 1.5, "label": "a"}})
+    );
+
+    // What the platform saw: one ToolCall with the caller as owner and the input in storage.
+    let seen = platform.next().await;
+    assert_eq!(seen.input, json!({"x": 1.5, "label": "a"}));
+    let tc = seen.call;
+    assert_eq!(tc.spec.tool, "price-option");
+    assert_eq!(tc.spec.owner.user, "alice");
+    assert_eq!(tc.spec.owner.issuer, "kubernetes");
+    assert!(tc.spec.owner.groups.iter().any(|g| g == "quants"), "{:?}", tc.spec.owner.groups);
+    assert_eq!(tc.spec.timeout_seconds, 60);
+    assert!(!tc.spec.cancel_requested);
+    let owner = tc.spec.owner.key();
+    let id = toolyard_api::storage::RunId::parse(&kube::ResourceExt::name_any(&tc)).expect("id");
+    assert!(id.as_str().starts_with("price-option-"), "{id}");
+    assert_eq!(tc.spec.input.key, toolyard_api::storage::call_key(&owner, &id, CallFile::Input));
+    let stored = gw.store.get(&owner, &format!("calls/{id}/input.json")).await.expect("get").expect("input stored");
+    assert_eq!(serde_json::from_slice::<Value>(&stored).expect("json"), json!({"x": 1.5, "label": "a"}));
+    let stored: CallResult =
+        serde_json::from_slice(&gw.store.get(&owner, &format!("calls/{id}/result.json")).await.unwrap().unwrap())
+            .unwrap();
+    assert_eq!(stored.value, Some(json!({"echo": {"x": 1.5, "label": "a"}})));
+    // The internal API recorded the result summary on the ToolCall as the gateway.
+    let api: Api<ToolCall> = Api::namespaced(TestEnv::get().client(User::Admin).await, &ns);
+    let tc = api.get(id.as_str()).await.expect("ToolCall");
+    let summary = tc.status.and_then(|s| s.result).expect("status.result written by the gateway");
+    assert!(!summary.is_error);
+    assert_eq!(summary.key, toolyard_api::storage::call_key(&owner, &id, CallFile::Result));
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn tool_failures_are_is_error_with_the_tools_own_message() {
+    let ns =
+        setup("gwfail", &[("fails", "fails", 60), ("timeouts", "times_out", 60), ("rejects", "rejects", 60)]).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let platform = FakePlatform::start(&ns, &gw.internal).await;
+    platform.set("fails", Behaviour::ToolError("volatility must be positive".into()));
+    platform.set("timeouts", Behaviour::ConditionOnly(reason::TIMED_OUT, "deadline of 60s exceeded".into()));
+    platform.set("rejects", Behaviour::ConditionOnly(reason::IMAGE_PULL_FAILED, "image not found".into()));
+    let client = gw.client(User::Alice).await;
+
+    let r = client.call_tool(call("fails", json!({"x": 1}))).await.expect("call");
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(text_of(&r), "volatility must be positive");
+    assert!(r.structured_content.is_none());
+
+    let r = client.call_tool(call("times_out", json!({"x": 1}))).await.expect("call");
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(text_of(&r), "deadline of 60s exceeded", "no stored result: built from the condition");
+
+    let r = client.call_tool(call("rejects", json!({"x": 1}))).await.expect("call");
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(text_of(&r), "the tool could not start: image not found");
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn invalid_arguments_are_refused_naming_the_field_and_create_nothing() {
+    let ns = setup("gwinv", &[("strict", "strictly_checked", 60)]).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let client = gw.client(User::Alice).await;
+    let cases = [
+        (json!({"x": "ten"}), "/x"),
+        (json!({}), "\"x\" is a required property"),
+        (json!({"x": 1, "extra": true}), "extra"),
+    ];
+    for (arguments, needle) in cases {
+        let r = client.call_tool(call("strictly_checked", arguments.clone())).await.expect("call");
+        assert_eq!(r.is_error, Some(true), "{arguments}");
+        let text = text_of(&r);
+        assert!(text.starts_with("invalid arguments: "), "{text}");
+        assert!(text.contains(needle), "{text:?} should name {needle:?}");
+    }
+    // Nothing was created on the apiserver, and nothing was stored.
+    assert!(toolcalls(&ns).await.is_empty(), "no ToolCall for invalid arguments");
+    let owner = toolyard_api::OwnerKey::derive("kubernetes", "alice");
+    let stored = gw.store.list(&owner, "calls/").await.expect("list");
+    assert!(stored.iter().all(|o| !o.path.starts_with("calls/strictly-checked-")), "{stored:?}");
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn unknown_and_unauthorized_tools_answer_identically() {
+    let ns = setup("gwunk", &[("secret-tool", "secret_tool", 60)]).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let _platform = FakePlatform::start(&ns, &gw.internal).await;
+    // bob has no grant: secret_tool is absent from his list and calling it looks unknown.
+    let bob = gw.client(User::Bob).await;
+    assert!(Gateway::listed(&bob).await.is_empty());
+    let unauthorized = bob.call_tool(call("secret_tool", json!({"x": 1}))).await.expect_err("refused");
+    let unknown = bob.call_tool(call("no_such_tool", json!({"x": 1}))).await.expect_err("refused");
+    let (a, b) = match (unauthorized, unknown) {
+        (rmcp::ServiceError::McpError(a), rmcp::ServiceError::McpError(b)) => (a, b),
+        other => panic!("expected JSON-RPC errors, got {other:?}"),
+    };
+    assert_eq!(a.code, b.code);
+    assert_eq!(a.data, b.data);
+    assert_eq!(a.message, "Unknown tool: \"secret_tool\"");
+    assert_eq!(b.message, "Unknown tool: \"no_such_tool\"");
+    // Invalid arguments to a tool bob may not call still say "unknown" (nothing is validated first).
+    let e = bob.call_tool(call("secret_tool", json!({"x": "bad"}))).await.expect_err("refused");
+    assert!(format!("{e:?}").contains("Unknown tool"), "{e:?}");
+    assert!(toolcalls(&ns).await.is_empty());
+    // alice, who may, can.
+    let alice = gw.client(User::Alice).await;
+    assert_eq!(Gateway::listed(&alice).await, ["secret_tool"]);
+    let r = alice.call_tool(call("secret_tool", json!({"x": 2}))).await.expect("alice calls");
+    assert_eq!(r.is_error, Some(false));
+    bob.cancel().await.ok();
+    alice.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn a_call_past_its_deadline_times_out_and_requests_cancellation() {
+    let ns = setup("gwdead", &[("slow", "slow", 1)]).await;
+    let options = Options { call_grace: Duration::from_secs(1), ..Options::default() };
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let platform = FakePlatform::start(&ns, &gw.internal).await;
+    platform.set("slow", Behaviour::Hold);
+    let client = gw.client(User::Alice).await;
+    let r = client.call_tool(call("slow", json!({"x": 1}))).await.expect("call");
+    assert_eq!(r.is_error, Some(true));
+    assert_eq!(text_of(&r), "timed out after 1s");
+    wait_until(Duration::from_secs(10), "cancelRequested on the ToolCall", || {
+        let ns = ns.clone();
+        async move { Ok(toolcalls(&ns).await.iter().any(|tc| tc.spec.cancel_requested)) }
+    })
+    .await
+    .expect("cancellation requested");
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_its_toolcall() {
+    let ns = setup("gwgone", &[("held", "held", 300)]).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    platform.set("held", Behaviour::Hold);
+    let token = TestEnv::get().token(User::Alice).to_owned();
+    let body =
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "held", "arguments": {"x": 1}}});
+    let url = gw.mcp_url();
+    let request = tokio::spawn(async move {
+        gateway_support::post_raw(&url, Some(&token), body.to_string(), "application/json").await
+    });
+    let seen = platform.next().await;
+    assert!(!seen.call.spec.cancel_requested);
+    request.abort();
+    let name = kube::ResourceExt::name_any(&seen.call);
+    wait_until(Duration::from_secs(15), "cancelRequested after the client left", || {
+        let ns = ns.clone();
+        let name = name.clone();
+        async move {
+            Ok(toolcalls(&ns)
+                .await
+                .iter()
+                .any(|tc| kube::ResourceExt::name_any(tc) == name && tc.spec.cancel_requested))
+        }
+    })
+    .await
+    .expect("cancelled");
+}
+
+#[tokio::test]
+async fn new_and_deleted_tools_show_up_and_modern_clients_are_notified() {
+    let ns = setup("gwwatch", &[("first", "first", 60)]).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let client = gw.modern_client(User::Alice).await;
+    assert_eq!(client.peer_info().map(|i| i.protocol_version.clone()), Some(ProtocolVersion::V_2026_07_28));
+    assert_eq!(Gateway::listed(&client).await, ["first"]);
+    let mut subscription =
+        client.listen(SubscriptionFilter::builder().tools_list_changed().build()).await.expect("subscriptions/listen");
+    create_tool(&ns, "second", spec("second", 60), true).await;
+    let note = tokio::time::timeout(Duration::from_secs(20), subscription.next()).await.expect("notified in time");
+    assert!(matches!(note, Ok(Some(rmcp::model::ServerNotification::ToolListChangedNotification(_)))), "{note:?}");
+    wait_tools(&client, &["first", "second"]).await;
+    delete_tool(&ns, "first").await;
+    wait_tools(&client, &["second"]).await;
+    subscription.cancel().await.ok();
+    client.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn both_protocol_revisions_list_and_call() {
+    let ns = setup("gwproto", &[("echo", "echo", 60)]).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let _platform = FakePlatform::start(&ns, &gw.internal).await;
+    for (mode, version) in [
+        (ClientLifecycleMode::Initialize, ProtocolVersion::V_2025_11_25),
+        (
+            ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] },
+            ProtocolVersion::V_2026_07_28,
+        ),
+    ] {
+        let client = gw.client_at(&gw.mcp_url(), User::Alice, mode).await;
+        assert_eq!(client.peer_info().map(|i| i.protocol_version.clone()), Some(version.clone()));
+        assert_eq!(Gateway::listed(&client).await, ["echo"], "{version:?}");
+        let r = client.call_tool(call("echo", json!({"x": 7}))).await.expect("call");
+        assert_eq!(r.structured_content, Some(json!({"echo": {"x": 7}})), "{version:?}");
+        client.cancel().await.ok();
+    }
+}
+
+#[tokio::test]
+async fn large_catalogs_are_paginated_and_toolsets_have_their_own_endpoint() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwpage").await.expect("namespace");
+    grant_platform(&ns).await;
+    for i in 0..5 {
+        let mut s = spec(&format!("tool_{i}"), 60);
+        if i % 2 == 0 {
+            s["toolset"] = json!("even");
+        }
+        create_tool(&ns, &format!("tool-{i}"), s, true).await;
+    }
+    grant_call(&ns, "alice-calls", &[], &["alice"], &[]).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("x")).await;
+    let mut options = Options::default();
+    options.settings.page_size = 2;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let client = gw.client(User::Alice).await;
+    let first = client.list_tools(None).await.expect("first page");
+    assert_eq!(first.tools.len(), 2);
+    assert!(first.next_cursor.is_some());
+    assert_eq!(Gateway::listed(&client).await, ["tool_0", "tool_1", "tool_2", "tool_3", "tool_4"]);
+
+    let toolset =
+        gw.client_at(&format!("{}/toolsets/even/mcp", gw.base), User::Alice, ClientLifecycleMode::Initialize).await;
+    assert_eq!(Gateway::listed(&toolset).await, ["tool_0", "tool_2", "tool_4"]);
+    let e = toolset.call_tool(call("tool_1", json!({"x": 1}))).await.expect_err("not in this toolset");
+    assert!(format!("{e:?}").contains("Unknown tool"), "{e:?}");
+    let bad = toolset
+        .list_tools(Some(rmcp::model::PaginatedRequestParams::default().with_cursor(Some("garbage".into()))))
+        .await
+        .expect_err("bad cursor");
+    assert!(format!("{bad:?}").contains("invalid cursor"), "{bad:?}");
+    client.cancel().await.ok();
+    toolset.cancel().await.ok();
+}
+
+#[tokio::test]
+async fn a_user_over_the_call_limit_gets_server_busy() {
+    let ns = setup("gwbusy", &[("held", "held", 300)]).await;
+    let mut options = Options::default();
+    options.settings.limits.max_calls_per_user = 1;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    let release = Arc::new(Notify::new());
+    platform.set("held", Behaviour::HoldThenEcho(release.clone()));
+    let client = Arc::new(gw.client(User::Alice).await);
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool(call("held", json!({"x": 1}))).await })
+    };
+    platform.next().await;
+    let e = client.call_tool(call("held", json!({"x": 2}))).await.expect_err("busy");
+    match e {
+        rmcp::ServiceError::McpError(e) => {
+            assert_eq!(e.code, toolyard_gateway::mcp::errors::SERVER_BUSY);
+            assert!(e.message.starts_with("server busy"), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    // bob is not affected by alice's limit.
+    grant_call(&ns, "bob-calls", &["held"], &["bob"], &[]).await;
+    gateway_support::wait_allowed("bob", &[], &ns, "toolyard.dev", "mcptools", "call", Some("held")).await;
+    release.notify_one();
+    let r = first.await.expect("join").expect("first call");
+    assert_eq!(r.is_error, Some(false));
+    // The slot is free again.
+    let bob = gw.client(User::Bob).await;
+    let second = tokio::spawn(async move { bob.call_tool(call("held", json!({"x": 3}))).await });
+    platform.next().await;
+    release.notify_one();
+    assert_eq!(second.await.expect("join").expect("bob's call").is_error, Some(false));
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"user_calls\"} 1"), "{metrics}");
+    assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"busy\"} 1"), "{metrics}");
+    assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"success\"} 2"), "{metrics}");
+}

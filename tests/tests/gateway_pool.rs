@@ -1,0 +1,148 @@
+//! Pool-mode tools through the gateway: the Kubernetes executor calls the warm pool named in
+//! the McpTool's status — here the real `toolyard-runner serve` running the fixture tools as
+//! local processes — with a call token signed by the pool's derived key, and stores input,
+//! result and logs under the caller's prefix. No ToolCall is created for pool calls.
+
+mod gateway_support;
+
+use std::process::Stdio;
+
+use gateway_support::{
+    Gateway, Options, create_tool, grant_call, grant_platform, set_tool_status, signing_key, toolcalls,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use toolyard_api::OwnerKey;
+use toolyard_api::protocol::CallResult;
+use toolyard_api::protocol::pool::key_purpose;
+use toolyard_api::token::SigningKey;
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::{TestEnv, User};
+
+/// A running `toolyard-runner serve` for `function` of the misbehaving fixtures.
+struct PoolServer {
+    endpoint: String,
+    _child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+async fn start_pool(key: &SigningKey, function: &str) -> PoolServer {
+    let dir = TempDir::new("gw-pool");
+    let key_file = dir.path().join("pool.key");
+    std::fs::write(&key_file, key.to_hex()).expect("key file");
+    let mut child = tokio::process::Command::new(local::binary("toolyard-runner"))
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--key-file"])
+        .arg(&key_file)
+        .arg("--")
+        .args([local::python(), "-m".into(), "toolyard.run".into(), format!("misbehaving:{function}")])
+        .env("PYTHONPATH", local::misbehaving_pythonpath())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("toolyard-runner serve starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = loop {
+        let line = lines.next_line().await.expect("read").expect("the pool server prints its address");
+        if let Some(addr) = line.strip_prefix("listening on ") {
+            break addr.trim().to_owned();
+        }
+    };
+    PoolServer { endpoint: format!("http://{addr}"), _child: child, _dir: dir }
+}
+
+fn pool_spec(name: &str, properties: Value, required: &[&str]) -> Value {
+    json!({
+        "name": name,
+        "description": format!("pool tool {name}"),
+        "inputSchema": {"type": "object", "properties": properties, "required": required},
+        "runtime": {"image": "registry.example/misbehaving:1", "command": ["python3", "-m", "toolyard.run"]},
+        "execution": {"mode": "Pool", "timeoutSeconds": 30, "pool": {"replicas": 1, "concurrency": 1}}
+    })
+}
+
+fn text_of(result: &rmcp::model::CallToolResult) -> String {
+    result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
+}
+
+#[tokio::test]
+async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwpool").await.expect("namespace");
+    grant_platform(&ns).await;
+    let derived = |object: &str| signing_key().derive(&key_purpose(&ns, object));
+    let echo = start_pool(&derived("echo-pool"), "echo").await;
+    let noisy = start_pool(&derived("noisy-pool"), "noisy").await;
+    let fail = start_pool(&derived("fail-pool"), "fail").await;
+    // A pool holding some other pool's key: the gateway's token must not be accepted there.
+    let stranger = start_pool(&derived("someone-else"), "echo").await;
+    for (object, name, props, required, pool) in [
+        ("echo-pool", "echo_pool", json!({"value": {}}), vec!["value"], &echo),
+        ("noisy-pool", "noisy_pool", json!({"n": {"type": "integer"}}), vec!["n"], &noisy),
+        ("fail-pool", "fail_pool", json!({"message": {"type": "string"}}), vec!["message"], &fail),
+        ("wrong-key", "wrong_key", json!({"value": {}}), vec!["value"], &stranger),
+    ] {
+        create_tool(&ns, object, pool_spec(name, props, &required), true).await;
+        set_tool_status(&ns, object, true, Some(&pool.endpoint)).await;
+    }
+    grant_call(&ns, "alice-calls", &[], &["alice"], &[]).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("echo-pool")).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let client = gw.client(User::Alice).await;
+    let args = |v: Value| v.as_object().expect("object").clone();
+
+    let r = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("echo_pool")
+                .with_arguments(args(json!({"value": [1, {"a": null}]}))),
+        )
+        .await
+        .expect("echo");
+    assert_eq!(r.is_error, Some(false), "{r:?}");
+    assert_eq!(r.structured_content, Some(json!({"value": [1, {"a": null}]})));
+
+    let r = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("noisy_pool").with_arguments(args(json!({"n": 3}))))
+        .await
+        .expect("noisy");
+    assert_eq!(r.structured_content, Some(json!({"n": 3})), "prints never corrupt the result");
+
+    let r = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("fail_pool")
+                .with_arguments(args(json!({"message": "no quotes today"}))),
+        )
+        .await
+        .expect("fail");
+    assert_eq!(r.is_error, Some(true));
+    assert!(text_of(&r).contains("no quotes today"), "{}", text_of(&r));
+
+    let e = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("wrong_key").with_arguments(args(json!({"value": 1}))))
+        .await
+        .expect_err("a pool with another key refuses the call");
+    assert!(
+        matches!(e, rmcp::ServiceError::McpError(ref d) if d.code == rmcp::model::ErrorCode::INTERNAL_ERROR),
+        "{e:?}"
+    );
+
+    // Files under alice's prefix; no ToolCall objects.
+    assert!(toolcalls(&ns).await.is_empty(), "pool calls create no ToolCall");
+    let owner = OwnerKey::derive("kubernetes", "alice");
+    let files: Vec<String> = gw.store.list(&owner, "calls/").await.expect("list").into_iter().map(|o| o.path).collect();
+    let noisy_call = files
+        .iter()
+        .find(|p| p.starts_with("calls/noisy-pool-") && p.ends_with("/stdout.log"))
+        .unwrap_or_else(|| panic!("no stdout.log of noisy_pool in {files:?}"));
+    let id = noisy_call.trim_start_matches("calls/").trim_end_matches("/stdout.log");
+    let stdout = gw.store.get(&owner, noisy_call).await.expect("get").expect("stdout");
+    assert!(String::from_utf8_lossy(&stdout).contains("stdout line 2"));
+    let input = gw.store.get(&owner, &format!("calls/{id}/input.json")).await.expect("get").expect("input");
+    assert_eq!(serde_json::from_slice::<Value>(&input).expect("json"), json!({"n": 3}));
+    let result: CallResult =
+        serde_json::from_slice(&gw.store.get(&owner, &format!("calls/{id}/result.json")).await.unwrap().unwrap())
+            .unwrap();
+    assert_eq!(result.value, Some(json!({"n": 3})));
+    client.cancel().await.ok();
+}

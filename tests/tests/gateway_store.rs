@@ -1,0 +1,182 @@
+//! The artifact store contract, one suite run against both implementations: the S3 store on
+//! the real S3 server of the test harness (s3s-fs, real SigV4) and the local folder store.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use toolyard_api::OwnerKey;
+use toolyard_gateway::store::fs::FsStore;
+use toolyard_gateway::store::{ArtifactStore, Chunk, ObjectInfo};
+use toolyard_tests::local::TempDir;
+use toolyard_tests::{TestEnv, random_suffix};
+
+mod gateway_support;
+
+/// A fresh owner per run, so runs against the shared bucket never see each other.
+fn owners() -> (OwnerKey, OwnerKey) {
+    let run = random_suffix(8);
+    (OwnerKey::derive("apikey", &format!("alice-{run}")), OwnerKey::derive("apikey", &format!("bob-{run}")))
+}
+
+async fn suite(store: &dyn ArtifactStore) {
+    let (alice, bob) = owners();
+    store.health().await.expect("healthy");
+
+    // Round trip, overwrite, missing objects.
+    store.put(&alice, "calls/c1/input.json", Bytes::from_static(b"{\"x\":1}")).await.expect("put");
+    assert_eq!(store.get(&alice, "calls/c1/input.json").await.expect("get"), Some(Bytes::from_static(b"{\"x\":1}")));
+    store.put(&alice, "calls/c1/input.json", Bytes::from_static(b"{\"x\":2}")).await.expect("overwrite");
+    assert_eq!(store.get(&alice, "calls/c1/input.json").await.expect("get"), Some(Bytes::from_static(b"{\"x\":2}")));
+    assert_eq!(store.get(&alice, "calls/c1/nothing.json").await.expect("get"), None);
+    assert_eq!(store.get_range(&alice, "calls/none/x", 0, 10).await.expect("range"), None);
+
+    // Owners are separate: bob sees nothing of alice's under the same path.
+    assert_eq!(store.get(&bob, "calls/c1/input.json").await.expect("get"), None);
+    assert!(store.list(&bob, "calls/").await.expect("list").is_empty());
+
+    // Ranges: start, middle, end, past the end, zero length.
+    let body: Vec<u8> = (0u8..=99).collect();
+    store.put(&alice, "tasks/t1/outputs/data.bin", Bytes::from(body.clone())).await.expect("put");
+    let chunk = |b: &[u8]| Chunk { bytes: Bytes::copy_from_slice(b), total: 100 };
+    assert_eq!(
+        store.get_range(&alice, "tasks/t1/outputs/data.bin", 0, 10).await.expect("range"),
+        Some(chunk(&body[..10]))
+    );
+    assert_eq!(
+        store.get_range(&alice, "tasks/t1/outputs/data.bin", 45, 10).await.expect("range"),
+        Some(chunk(&body[45..55]))
+    );
+    assert_eq!(
+        store.get_range(&alice, "tasks/t1/outputs/data.bin", 95, 10).await.expect("range"),
+        Some(chunk(&body[95..]))
+    );
+    assert_eq!(store.get_range(&alice, "tasks/t1/outputs/data.bin", 100, 10).await.expect("range"), Some(chunk(&[])));
+    assert_eq!(store.get_range(&alice, "tasks/t1/outputs/data.bin", 500, 10).await.expect("range"), Some(chunk(&[])));
+    assert_eq!(store.get_range(&alice, "tasks/t1/outputs/data.bin", 3, 0).await.expect("range"), Some(chunk(&[])));
+
+    // Listing: nested paths relative to the owner, sorted, only under the folder asked for.
+    store.put(&alice, "tasks/t1/outputs/reports/q3 summary.md", Bytes::from_static(b"# q3")).await.expect("put");
+    store.put(&alice, "tasks/t1/result.json", Bytes::from_static(b"{}")).await.expect("put");
+    store.put(&alice, "tasks/t10/result.json", Bytes::from_static(b"{}")).await.expect("put");
+    let listed = store.list(&alice, "tasks/t1/outputs/").await.expect("list");
+    assert_eq!(
+        listed,
+        vec![
+            ObjectInfo { path: "tasks/t1/outputs/data.bin".into(), size: 100 },
+            ObjectInfo { path: "tasks/t1/outputs/reports/q3 summary.md".into(), size: 4 },
+        ]
+    );
+    let t1: Vec<String> = store.list(&alice, "tasks/t1/").await.expect("list").into_iter().map(|o| o.path).collect();
+    assert!(t1.contains(&"tasks/t1/result.json".to_owned()));
+    assert!(!t1.iter().any(|p| p.starts_with("tasks/t10/")), "a folder is not a name prefix: {t1:?}");
+    assert!(store.list(&alice, "tasks/nothing/").await.expect("list").is_empty());
+
+    // Traversal and odd names never reach storage, for reads, writes and listings.
+    for bad in ["../x", "calls/../../other/calls/c1/input.json", "/etc/passwd", "a//b", "a\\b", "./a", "a\u{0}b", ""] {
+        assert!(store.put(&alice, bad, Bytes::from_static(b"x")).await.is_err(), "put {bad:?}");
+        assert!(store.get(&alice, bad).await.is_err(), "get {bad:?}");
+        assert!(store.get_range(&alice, bad, 0, 1).await.is_err(), "range {bad:?}");
+        assert!(store.list(&alice, bad).await.is_err(), "list {bad:?}");
+    }
+    // A traversal attempt aimed at bob's file reads nothing of bob's.
+    store.put(&bob, "calls/secret/input.json", Bytes::from_static(b"bob")).await.expect("put");
+    let attempt = format!("../{bob}/calls/secret/input.json");
+    assert!(store.get(&alice, &attempt).await.is_err());
+}
+
+#[tokio::test]
+async fn s3_store_keeps_the_contract_on_the_real_s3_server() {
+    let store = gateway_support::s3_store().await;
+    suite(store.as_ref()).await;
+}
+
+#[tokio::test]
+async fn folder_store_keeps_the_contract() {
+    let dir = TempDir::new("gw-store");
+    let store = FsStore::new(dir.path().join("data")).expect("store");
+    suite(&store).await;
+}
+
+#[tokio::test]
+async fn s3_store_reports_a_missing_bucket_as_unhealthy() {
+    let s3 = TestEnv::get().s3();
+    let settings = toolyard_gateway::store::s3::S3Settings {
+        endpoint: Some(s3.endpoint.clone()),
+        region: s3.region.clone(),
+        bucket: format!("missing-{}", random_suffix(8)),
+        access_key: Some(s3.access_key.clone()),
+        secret_key: Some(s3.secret_key.clone()),
+        ..Default::default()
+    };
+    let store = toolyard_gateway::store::s3::S3Store::new(&settings).await.expect("store");
+    assert!(store.health().await.is_err());
+    let wrong_key = toolyard_gateway::store::s3::S3Settings {
+        secret_key: Some("not-the-secret".into()),
+        bucket: s3.bucket.clone(),
+        ..settings
+    };
+    let store = toolyard_gateway::store::s3::S3Store::new(&wrong_key).await.expect("store");
+    assert!(store.health().await.is_err(), "a bad signature is refused by the server");
+}
+
+#[tokio::test]
+async fn folder_store_never_follows_links_out_of_its_root() {
+    let dir = TempDir::new("gw-store-links");
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(&outside).expect("outside");
+    std::fs::write(outside.join("secret.txt"), b"top secret").expect("secret");
+    let store = FsStore::new(dir.path().join("data")).expect("store");
+    let (alice, _) = owners();
+    store.put(&alice, "calls/c1/input.json", Bytes::from_static(b"{}")).await.expect("put");
+    let owner_dir = store.root().join(format!("owners/{alice}"));
+    // A link planted as a folder and one planted as a file.
+    std::os::unix::fs::symlink(&outside, owner_dir.join("tasks")).expect("dir link");
+    std::os::unix::fs::symlink(outside.join("secret.txt"), owner_dir.join("calls/c1/result.json")).expect("file link");
+    assert!(store.get(&alice, "tasks/secret.txt").await.is_err());
+    assert!(store.get_range(&alice, "tasks/secret.txt", 0, 5).await.is_err());
+    assert!(store.get(&alice, "calls/c1/result.json").await.is_err());
+    assert!(store.put(&alice, "tasks/t1/result.json", Bytes::from_static(b"x")).await.is_err());
+    assert!(!outside.join("t1").exists(), "nothing was written through the link");
+    assert!(store.list(&alice, "tasks/").await.is_err());
+    let listed = store.list(&alice, "calls/").await.expect("list");
+    assert_eq!(listed, vec![ObjectInfo { path: "calls/c1/input.json".into(), size: 2 }], "links are not listed");
+    assert_eq!(std::fs::read(outside.join("secret.txt")).expect("read"), b"top secret");
+}
+
+#[tokio::test]
+async fn folder_store_writes_are_atomic_and_leave_no_temporary_files() {
+    let dir = TempDir::new("gw-store-atomic");
+    let store = Arc::new(FsStore::new(dir.path().join("data")).expect("store"));
+    let (alice, _) = owners();
+    let big = Bytes::from(vec![b'a'; 1 << 20]);
+    let small = Bytes::from(vec![b'b'; 10]);
+    let mut writers = Vec::new();
+    for i in 0..20 {
+        let store = store.clone();
+        let alice = alice.clone();
+        let body = if i % 2 == 0 { big.clone() } else { small.clone() };
+        writers.push(tokio::spawn(async move { store.put(&alice, "calls/c1/result.json", body).await }));
+    }
+    let reader = {
+        let store = store.clone();
+        let alice = alice.clone();
+        let (big, small) = (big.clone(), small.clone());
+        tokio::spawn(async move {
+            for _ in 0..200 {
+                if let Some(seen) = store.get(&alice, "calls/c1/result.json").await.expect("get") {
+                    assert!(seen == big || seen == small, "a reader saw a partial file of {} bytes", seen.len());
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for w in writers {
+        w.await.expect("join").expect("put");
+    }
+    reader.await.expect("reader");
+    let names: Vec<String> = std::fs::read_dir(store.root().join(format!("owners/{alice}/calls/c1")))
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["result.json"]);
+}
