@@ -6,6 +6,9 @@ use kube::CustomResourceExt;
 
 use crate::{CodingTask, McpTool, ToolCall};
 
+/// The Helm chart's copy of the CRDs, relative to the `crds/` crate directory.
+pub const CHART_CRDS_DIR: &str = "../charts/toolyard/crds";
+
 /// Every CRD with the file name it is committed under.
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![

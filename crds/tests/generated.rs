@@ -11,16 +11,27 @@ fn crate_dir() -> PathBuf {
 
 #[test]
 fn committed_crd_yaml_matches_the_types() {
+    let chart = crate_dir().join(toolyard_api::crdgen::CHART_CRDS_DIR);
     for (file, crd) in toolyard_api::crdgen::all() {
-        let path = crate_dir().join(file);
-        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let generated = toolyard_api::crdgen::render(&crd);
-        assert!(
-            committed == generated,
-            "{} is out of date: run `cargo run -p toolyard-api --bin crdgen`",
-            path.display()
-        );
+        for path in [crate_dir().join(file), chart.join(file)] {
+            let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let generated = toolyard_api::crdgen::render(&crd);
+            assert!(
+                committed == generated,
+                "{} is out of date: run `cargo run -p toolyard-api --bin crdgen`",
+                path.display()
+            );
+        }
     }
+}
+
+#[test]
+fn crd_files_are_the_same_in_the_crate_and_the_chart() {
+    let chart = crate_dir().join(toolyard_api::crdgen::CHART_CRDS_DIR);
+    let names = |dir: &Path| -> Vec<String> {
+        yaml_files(dir).iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect()
+    };
+    assert_eq!(names(&crate_dir()), names(&chart), "the chart ships exactly the generated CRDs");
 }
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {

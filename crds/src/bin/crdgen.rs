@@ -1,14 +1,25 @@
-//! Writes `crds/*.yaml` from the Rust types: `cargo run -p toolyard-api --bin crdgen [DIR]`.
+//! Writes the CRD YAML from the Rust types: `cargo run -p toolyard-api --bin crdgen [DIR]`.
+//!
+//! Without `DIR` it writes both `crds/*.yaml` and the Helm chart's copies in
+//! `charts/toolyard/crds/`; with `DIR`, only there.
 
 use std::path::PathBuf;
 
 fn main() -> std::io::Result<()> {
-    let dir =
-        std::env::args_os().nth(1).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
-    for (file, crd) in toolyard_api::crdgen::all() {
-        let path = dir.join(file);
-        std::fs::write(&path, toolyard_api::crdgen::render(&crd))?;
-        println!("wrote {}", path.display());
+    let dirs = match std::env::args_os().nth(1) {
+        Some(dir) => vec![PathBuf::from(dir)],
+        None => {
+            let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+            vec![crate_dir.clone(), crate_dir.join(toolyard_api::crdgen::CHART_CRDS_DIR)]
+        }
+    };
+    for dir in dirs {
+        std::fs::create_dir_all(&dir)?;
+        for (file, crd) in toolyard_api::crdgen::all() {
+            let path = dir.join(file);
+            std::fs::write(&path, toolyard_api::crdgen::render(&crd))?;
+            println!("wrote {}", path.display());
+        }
     }
     Ok(())
 }
