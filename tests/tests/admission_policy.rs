@@ -18,20 +18,20 @@ fn call(name: &str, issuer: &str, user: &str, groups: &[&str]) -> ToolCall {
         "spec": {"tool": "echo", "owner": {"issuer": issuer, "user": user, "groups": groups},
                  "input": {"key": "k", "sizeBytes": 2}, "timeoutSeconds": 30}
     }))
-    .unwrap()
+    .expect("a valid ToolCall")
 }
 
 fn render_policy(env: &TestEnv, release: &str, label: &str) -> String {
     let helm = env.bin_dir().join("helm");
     let out = std::process::Command::new(helm)
-        .args(["template", release, repo_path("charts/toolyard").to_str().unwrap(), "-n", "toolyard-system"])
+        .args(["template", release, repo_path("charts/toolyard").to_str().expect("utf-8 path"), "-n", "toolyard-system"])
         .args(["--kube-version", "1.34.4", "--show-only", "templates/admission/owner-policy.yaml"])
         .args(["--set", "admission.enabled=true", "--set", "admission.trustedUsers={toolyard-gateway}"])
         .args(["--set", &format!("admission.namespaceSelector.matchLabels.toolyard-test-admission={label}")])
         .output()
-        .unwrap();
+        .expect("helm runs");
     assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(out.stdout).expect("utf-8 manifest")
 }
 
 async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
@@ -45,7 +45,7 @@ async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
             ..Default::default()
         }]),
     };
-    Api::<Role>::namespaced(client.clone(), ns).create(&PostParams::default(), &role).await.unwrap();
+    Api::<Role>::namespaced(client.clone(), ns).create(&PostParams::default(), &role).await.expect("role");
     let subjects = ["alice", "bob", "toolyard-gateway"]
         .iter()
         .map(|u| Subject { kind: "User".into(), name: (*u).into(), api_group: Some("rbac.authorization.k8s.io".into()), ..Default::default() })
@@ -55,7 +55,7 @@ async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
         role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "create-runs".into() },
         subjects: Some(subjects),
     };
-    Api::<RoleBinding>::namespaced(client, ns).create(&PostParams::default(), &binding).await.unwrap();
+    Api::<RoleBinding>::namespaced(client, ns).create(&PostParams::default(), &binding).await.expect("binding");
 }
 
 #[tokio::test]

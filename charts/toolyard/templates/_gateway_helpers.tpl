@@ -5,3 +5,24 @@
 {{- define "toolyard.gateway.serviceAccountName" -}}
 {{- default (include "toolyard.gateway.fullname" .) .Values.gateway.serviceAccountName }}
 {{- end }}
+
+{{/*
+What the gateway may do in a namespace it serves: read McpTools, create and follow the runs
+it starts for callers, and record results in their status. It never reads Secrets of the
+namespace and never touches Jobs or pods.
+*/}}
+{{- define "toolyard.gateway.rules" -}}
+- apiGroups: ["toolyard.dev"]
+  resources: ["mcptools"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: ["toolyard.dev"]
+  resources: ["toolcalls", "codingtasks"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["toolyard.dev"]
+  resources: ["toolcalls/status", "codingtasks/status"]
+  verbs: ["patch"]
+{{- end }}
+
+{{- define "toolyard.gateway.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "toolyard.gateway.fullname" .)) .Values.gateway.tls.existingSecret }}
+{{- end }}
