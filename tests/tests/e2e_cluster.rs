@@ -1,0 +1,148 @@
+//! End to end on the test cluster with nothing stubbed: an MCP client calls tools on the real
+//! `toolyard-gateway serve`; the call becomes a ToolCall, the real controller makes a Job, the
+//! real Job controller a pod, the process node runs the real runner in it, which reads the
+//! input and writes the result through the gateway's internal API into the real S3 server.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::Platform;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::Api;
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+use toolyard_api::ToolCall;
+use toolyard_tests::{TestEnv, User};
+
+fn call(name: &str, arguments: Value) -> CallToolRequestParams {
+    let Value::Object(map) = arguments else { panic!("arguments must be an object") };
+    CallToolRequestParams::new(name.to_owned()).with_arguments(map)
+}
+
+fn text_of(result: &rmcp::model::CallToolResult) -> String {
+    result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
+}
+
+async fn grant_call_all(ns: &str, user: &str) {
+    let env = TestEnv::get();
+    env.kubectl_as(
+        User::Admin,
+        &["-n", ns, "create", "role", "call-tools", "--verb=call", "--resource=mcptools.toolyard.dev"],
+    )
+    .expect("role");
+    env.kubectl_as(
+        User::Admin,
+        &["-n", ns, "create", "rolebinding", "call-tools", "--role=call-tools", &format!("--user={user}")],
+    )
+    .expect("binding");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tool_calls_run_as_jobs_through_the_whole_platform() {
+    let platform = Platform::start(&[]).await;
+    platform.apply_tools("examples/pricing/tools.yaml").await;
+    platform.apply_tools("tests/fixtures/misbehaving/tools.yaml").await;
+    grant_call_all(&platform.ns, "alice").await;
+
+    let alice = platform.client(User::Alice).await;
+    let mut names = Vec::new();
+    for _ in 0..100 {
+        names = alice.list_all_tools().await.expect("tools/list").into_iter().map(|t| t.name.to_string()).collect();
+        if names.iter().any(|n| n == "price_option") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(names.contains(&"price_option".to_owned()) && names.contains(&"fail".to_owned()), "{names:?}");
+
+    // The textbook value, computed by the pricing library in a Job pod.
+    let priced = alice
+        .call_tool(call(
+            "price_option",
+            json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05}),
+        ))
+        .await
+        .expect("tools/call");
+    if priced.is_error == Some(true) {
+        platform.dump_logs();
+    }
+    assert_ne!(priced.is_error, Some(true), "{}", text_of(&priced));
+    let price = priced.structured_content.as_ref().and_then(|s| s["price"].as_f64()).expect("structured price");
+    assert!((price - 10.4506).abs() < 1e-4, "{price}");
+
+    // It really was a ToolCall and a Job, owned and finished as the contracts say.
+    let env = TestEnv::get();
+    let calls: Vec<ToolCall> = Api::<ToolCall>::namespaced(env.client(User::Admin).await, &platform.ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    let priced_call = calls.iter().find(|c| c.spec.tool == "price-option").expect("a ToolCall for price-option");
+    assert_eq!(priced_call.spec.owner.user, "alice");
+    let status = priced_call.status.as_ref().expect("status");
+    assert!(toolyard_api::conditions::is_true(&status.conditions, toolyard_api::conditions::SUCCEEDED));
+    assert_eq!(status.result.as_ref().map(|r| r.is_error), Some(false));
+    let job_name = status.job_name.clone().expect("job name");
+    let job = Api::<Job>::namespaced(env.client(User::Admin).await, &platform.ns).get(&job_name).await.expect("job");
+    assert_eq!(job.spec.as_ref().and_then(|s| s.backoff_limit), Some(0));
+
+    // A function that raises: the tool's own message, as a tool error.
+    let failed = alice.call_tool(call("fail", json!({"message": "no quotes today"}))).await.expect("tools/call");
+    assert_eq!(failed.is_error, Some(true));
+    assert!(text_of(&failed).contains("no quotes today"), "{}", text_of(&failed));
+
+    // Noise on stdout does not corrupt the result.
+    let noisy = alice.call_tool(call("noisy", json!({"n": 3}))).await.expect("tools/call");
+    assert_eq!(noisy.structured_content.as_ref().map(|s| s["n"].clone()), Some(json!(3)), "{}", text_of(&noisy));
+
+    // NaN is refused with a message that says so.
+    let nan = alice.call_tool(call("nan", json!({}))).await.expect("tools/call");
+    assert_eq!(nan.is_error, Some(true));
+    assert!(text_of(&nan).contains("NaN"), "{}", text_of(&nan));
+
+    // A hanging function ends at its deadline as a timeout.
+    let hung = alice.call_tool(call("hang", json!({}))).await;
+    let message = match hung {
+        Ok(r) => {
+            assert_eq!(r.is_error, Some(true));
+            text_of(&r)
+        }
+        Err(e) => e.to_string(),
+    };
+    assert!(message.to_lowercase().contains("timed out") || message.to_lowercase().contains("deadline"), "{message}");
+
+    // Invalid arguments: a clear error and no ToolCall.
+    let before = Api::<ToolCall>::namespaced(env.client(User::Admin).await, &platform.ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    let invalid = alice.call_tool(call("price_option", json!({"spot": "a lot"}))).await;
+    let message = match invalid {
+        Ok(r) => text_of(&r),
+        Err(e) => e.to_string(),
+    };
+    assert!(message.contains("spot"), "{message}");
+    let after = Api::<ToolCall>::namespaced(env.client(User::Admin).await, &platform.ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .len();
+    assert_eq!(before, after, "invalid arguments created a ToolCall");
+
+    // bob may call nothing here: he lists nothing, and a call looks like an unknown tool.
+    let bob = platform.client(User::Bob).await;
+    assert!(bob.list_all_tools().await.expect("tools/list").is_empty());
+    let bob_call = bob.call_tool(call("price_option", json!({"spot": 1}))).await;
+    let unknown = alice.call_tool(call("no_such_tool", json!({}))).await;
+    let describe = |r: Result<rmcp::model::CallToolResult, rmcp::ServiceError>| match r {
+        Ok(r) => text_of(&r).replace("price_option", "X").replace("no_such_tool", "X"),
+        Err(e) => e.to_string().replace("price_option", "X").replace("no_such_tool", "X"),
+    };
+    assert_eq!(describe(bob_call), describe(unknown));
+
+    platform.stop().await;
+}

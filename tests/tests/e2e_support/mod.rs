@@ -1,0 +1,324 @@
+//! The whole platform on the test cluster, as the chart deploys it, with nothing stubbed:
+//! the real `toolyard-gateway serve` and `toolyard-controller` binaries, each running as its
+//! chart ServiceAccount with exactly the chart's RBAC (tokens from the TokenRequest API), the
+//! real S3 server, and the process node running Job pods (init container `cp` of the real
+//! `toolyard-runner`, then the tool's command under `toolyard-runner call`).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::{Api, PostParams};
+use rmcp::model::ClientConfig;
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
+use tokio::process::{Child, Command};
+use toolyard_api::McpTool;
+use toolyard_tests::local::{TempDir, binary};
+use toolyard_tests::process_node::{ImageSpec, ProcessNode};
+use toolyard_tests::{TestEnv, User, random_suffix, repo_path, wait_until};
+
+/// Image names as the chart and the example manifests use them.
+pub const RUNNER_IMAGE: &str = "ghcr.io/toolyard/runner:0.1.0";
+/// The agent image.
+pub const AGENT_IMAGE: &str = "ghcr.io/toolyard/agent:0.1.0";
+/// The pricing example's image.
+pub const PRICING_IMAGE: &str = "ghcr.io/toolyard/pricing:0.1.0";
+/// The misbehaving fixtures' image.
+pub const MISBEHAVING_IMAGE: &str = "ghcr.io/toolyard/test-misbehaving:0.1.0";
+
+/// A running platform serving one namespace.
+pub struct Platform {
+    /// The namespace whose tools are served.
+    pub ns: String,
+    /// The release namespace (ServiceAccounts, Lease).
+    pub release_ns: String,
+    /// `http://127.0.0.1:<port>` of the public MCP listener.
+    pub base: String,
+    /// The internal API URL.
+    pub internal: String,
+    /// `http://127.0.0.1:<port>` of the gateway's ops listener.
+    pub gateway_ops: String,
+    gateway: Child,
+    controller: Child,
+    node: Option<ProcessNode>,
+    dir: TempDir,
+    gateway_args: Vec<String>,
+    gateway_env: Vec<(String, String)>,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+fn helm_rbac(env: &TestEnv, release_ns: &str, ns: &str) -> String {
+    let out = std::process::Command::new(env.bin_dir().join("helm"))
+        .args(["template", "ty", repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", release_ns])
+        .args([
+            "--kube-version",
+            "1.34.4",
+            "-f",
+            repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8"),
+        ])
+        .args(["--set", &format!("watchNamespaces={{{ns}}}"), "--set", "gateway.auth.apiKeys.existingSecret="])
+        .args(["--show-only", "templates/gateway/rbac.yaml", "--show-only", "templates/gateway/serviceaccount.yaml"])
+        .args([
+            "--show-only",
+            "templates/controller/rbac.yaml",
+            "--show-only",
+            "templates/controller/serviceaccount.yaml",
+        ])
+        .output()
+        .expect("helm runs");
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+async fn service_account_kubeconfig(env: &TestEnv, ns: &str, sa: &str, dir: &Path) -> PathBuf {
+    let sas: Api<ServiceAccount> = Api::namespaced(env.client(User::Admin).await, ns);
+    let request = TokenRequest {
+        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+        ..Default::default()
+    };
+    let token: TokenRequest =
+        sas.create_subresource("token", sa, &PostParams::default(), &request).await.expect("TokenRequest");
+    let token = token.status.expect("token status").token;
+    let path = dir.join(format!("{sa}.kubeconfig"));
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+         users:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\n\
+         current-context: c\n",
+        env.api_url(),
+        env.var("TOOLYARD_TEST_CA")
+    );
+    std::fs::write(&path, kubeconfig).expect("write kubeconfig");
+    path
+}
+
+fn spawn(program: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Child {
+    let log = std::fs::File::create(log).expect("log file");
+    Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()))
+}
+
+/// Images the process node runs: the runner image holds the built `toolyard-runner`; the
+/// tool images hold Python with the `toolyard` package and their own modules.
+pub fn images() -> HashMap<String, ImageSpec> {
+    let runner_dir = binary("toolyard-runner").parent().expect("bin dir").to_path_buf();
+    let py = |extra: &str| ImageSpec {
+        root: None,
+        env: vec![(
+            "PYTHONPATH".into(),
+            format!("{}:{}", repo_path("worker-image/python").display(), repo_path(extra).display()),
+        )],
+    };
+    HashMap::from([
+        (RUNNER_IMAGE.to_owned(), ImageSpec { root: Some(runner_dir.clone()), env: vec![] }),
+        (
+            AGENT_IMAGE.to_owned(),
+            ImageSpec {
+                root: Some(runner_dir),
+                env: vec![("TOOLYARD_AGENT_PYTHONPATH".into(), repo_path("worker-image/python").display().to_string())],
+            },
+        ),
+        (PRICING_IMAGE.to_owned(), py("examples/pricing")),
+        (MISBEHAVING_IMAGE.to_owned(), py("tests/fixtures/misbehaving")),
+    ])
+}
+
+impl Platform {
+    /// Starts everything for a fresh namespace. `controller_env` adds controller settings
+    /// (model defaults for coding tasks).
+    pub async fn start(controller_env: &[(&str, &str)]) -> Platform {
+        let env = TestEnv::get();
+        env.install_crds().await.expect("CRDs");
+        let release_ns = env.namespace("e2e-system").await.expect("ns");
+        let ns = env.namespace("e2e").await.expect("ns");
+        let dir = TempDir::new("e2e");
+
+        // The chart's ServiceAccounts and RBAC, bound to this namespace.
+        let rbac = dir.path().join("rbac.yaml");
+        std::fs::write(&rbac, helm_rbac(env, &release_ns, &ns)).expect("write rbac");
+        env.kubectl_as(User::Admin, &["apply", "-f", rbac.to_str().expect("utf-8")]).expect("apply chart RBAC");
+        let gateway_kc = service_account_kubeconfig(env, &release_ns, "ty-toolyard-gateway", dir.path()).await;
+        let controller_kc = service_account_kubeconfig(env, &release_ns, "ty-toolyard-controller", dir.path()).await;
+
+        let key = dir.path().join("token-key");
+        std::fs::write(&key, format!("{}{}", random_suffix(32), random_suffix(32))).expect("key");
+        let (public, internal, ops, controller_ops) = (free_port(), free_port(), free_port(), free_port());
+        let base = format!("http://127.0.0.1:{public}");
+        let internal_url = format!("http://127.0.0.1:{internal}");
+        let s3 = env.s3();
+
+        let gateway_args: Vec<String> = [
+            "serve",
+            "--plain-http",
+            "--listen",
+            &format!("127.0.0.1:{public}"),
+            "--internal-listen",
+            &format!("127.0.0.1:{internal}"),
+            "--metrics-listen",
+            &format!("127.0.0.1:{ops}"),
+            "--namespaces",
+            &ns,
+            "--gateway-namespace",
+            &release_ns,
+            "--allowed-hosts",
+            "127.0.0.1,localhost",
+            "--s3-bucket",
+            &s3.bucket,
+            "--s3-endpoint",
+            &s3.endpoint,
+            "--s3-region",
+            &s3.region,
+            "--token-key-file",
+            key.to_str().expect("utf-8"),
+            "--tokenreview",
+            "--tokenreview-audience",
+            "toolyard",
+            "--call-grace-seconds",
+            "5",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        let gateway_env: Vec<(String, String)> = vec![
+            ("KUBECONFIG".into(), gateway_kc.display().to_string()),
+            ("TOOLYARD_S3_ACCESS_KEY_ID".into(), s3.access_key.clone()),
+            ("TOOLYARD_S3_SECRET_ACCESS_KEY".into(), s3.secret_key.clone()),
+            ("RUST_LOG".into(), "info".into()),
+        ];
+        let gateway = spawn(&binary("toolyard-gateway"), &gateway_args, &gateway_env, &dir.path().join("gateway.log"));
+
+        let mut controller_env_all: Vec<(String, String)> = vec![
+            ("KUBECONFIG".into(), controller_kc.display().to_string()),
+            ("TOOLYARD_NAMESPACES".into(), ns.clone()),
+            ("TOOLYARD_RUNNER_IMAGE".into(), RUNNER_IMAGE.into()),
+            ("TOOLYARD_AGENT_IMAGE".into(), AGENT_IMAGE.into()),
+            ("TOOLYARD_GATEWAY_INTERNAL_URL".into(), internal_url.clone()),
+            ("TOOLYARD_TOKEN_KEY_FILE".into(), key.display().to_string()),
+            ("TOOLYARD_METRICS_ADDR".into(), format!("127.0.0.1:{controller_ops}")),
+            ("TOOLYARD_LEASE_NAMESPACE".into(), release_ns.clone()),
+            ("TOOLYARD_LEASE_NAME".into(), "ty-toolyard-controller".into()),
+            ("RUST_LOG".into(), "info".into()),
+        ];
+        controller_env_all.extend(controller_env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let controller =
+            spawn(&binary("toolyard-controller"), &[], &controller_env_all, &dir.path().join("controller.log"));
+
+        let node = ProcessNode::start(env, &ns, images()).await.expect("process node");
+        let platform = Platform {
+            ns,
+            release_ns,
+            base,
+            internal: internal_url,
+            gateway_ops: format!("http://127.0.0.1:{ops}"),
+            gateway,
+            controller,
+            node: Some(node),
+            dir,
+            gateway_args,
+            gateway_env,
+        };
+        platform.wait_ready().await;
+        platform
+    }
+
+    async fn wait_ready(&self) {
+        let ready = format!("{}/readyz", self.gateway_ops);
+        let result = wait_until(Duration::from_secs(60), "the gateway to be ready", || {
+            let ready = ready.clone();
+            async move { Ok(reqwest::get(&ready).await.map(|r| r.status().is_success()).unwrap_or(false)) }
+        })
+        .await;
+        if let Err(e) = result {
+            self.dump_logs();
+            panic!("{e:#}");
+        }
+    }
+
+    /// Restarts the gateway process (same flags, same ports).
+    pub async fn restart_gateway(&mut self) {
+        let _ = self.gateway.start_kill();
+        let _ = self.gateway.wait().await;
+        self.gateway = spawn(
+            &binary("toolyard-gateway"),
+            &self.gateway_args,
+            &self.gateway_env,
+            &self.dir.path().join("gateway-2.log"),
+        );
+        self.wait_ready().await;
+    }
+
+    /// Prints the gateway's and controller's logs (on failure).
+    pub fn dump_logs(&self) {
+        for name in ["gateway.log", "gateway-2.log", "controller.log"] {
+            if let Ok(text) = std::fs::read_to_string(self.dir.path().join(name)) {
+                let tail: Vec<&str> = text.lines().rev().take(60).collect();
+                eprintln!("----- {name} (last lines) -----");
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+
+    /// Applies a manifest file (as admin) into the served namespace and waits until every
+    /// McpTool in it is Ready (set by the real controller).
+    pub async fn apply_tools(&self, file: &str) {
+        let env = TestEnv::get();
+        env.kubectl_as(User::Admin, &["-n", &self.ns, "apply", "-f", repo_path(file).to_str().expect("utf-8")])
+            .expect("apply tools");
+        let api: Api<McpTool> = Api::namespaced(env.client(User::Admin).await, &self.ns);
+        let result = wait_until(Duration::from_secs(60), "every McpTool Ready", || {
+            let api = api.clone();
+            async move {
+                let tools = api.list(&Default::default()).await?.items;
+                Ok(!tools.is_empty()
+                    && tools
+                        .iter()
+                        .filter(|t| t.spec.execution.mode == toolyard_api::mcptool::ExecutionMode::Job)
+                        .all(McpTool::is_ready))
+            }
+        })
+        .await;
+        if let Err(e) = result {
+            self.dump_logs();
+            panic!("{e:#}");
+        }
+    }
+
+    /// An MCP client authenticated with `user`'s Kubernetes token.
+    pub async fn client(&self, user: User) -> RunningService<RoleClient, ClientConfig> {
+        let token = TestEnv::get().token(user).to_owned();
+        let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", self.base)).auth_header(token);
+        let transport = StreamableHttpClientTransport::from_config(config);
+        ClientConfig::default()
+            .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+            .await
+            .expect("MCP client connects")
+    }
+
+    /// Stops everything.
+    pub async fn stop(mut self) {
+        let _ = self.gateway.start_kill();
+        let _ = self.controller.start_kill();
+        if let Some(node) = self.node.take() {
+            node.stop().await;
+        }
+    }
+}
