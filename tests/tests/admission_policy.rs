@@ -24,7 +24,13 @@ fn call(name: &str, issuer: &str, user: &str, groups: &[&str]) -> ToolCall {
 fn render_policy(env: &TestEnv, release: &str, label: &str) -> String {
     let helm = env.bin_dir().join("helm");
     let out = std::process::Command::new(helm)
-        .args(["template", release, repo_path("charts/toolyard").to_str().expect("utf-8 path"), "-n", "toolyard-system"])
+        .args([
+            "template",
+            release,
+            repo_path("charts/toolyard").to_str().expect("utf-8 path"),
+            "-n",
+            "toolyard-system",
+        ])
         .args(["--kube-version", "1.34.4", "--show-only", "templates/admission/owner-policy.yaml"])
         .args(["--set", "admission.enabled=true", "--set", "admission.trustedUsers={toolyard-gateway}"])
         .args(["--set", &format!("admission.namespaceSelector.matchLabels.toolyard-test-admission={label}")])
@@ -48,11 +54,20 @@ async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
     Api::<Role>::namespaced(client.clone(), ns).create(&PostParams::default(), &role).await.expect("role");
     let subjects = ["alice", "bob", "toolyard-gateway"]
         .iter()
-        .map(|u| Subject { kind: "User".into(), name: (*u).into(), api_group: Some("rbac.authorization.k8s.io".into()), ..Default::default() })
+        .map(|u| Subject {
+            kind: "User".into(),
+            name: (*u).into(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Default::default()
+        })
         .collect();
     let binding = RoleBinding {
         metadata: ObjectMeta { name: Some("create-runs".into()), ..Default::default() },
-        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "create-runs".into() },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "create-runs".into(),
+        },
         subjects: Some(subjects),
     };
     Api::<RoleBinding>::namespaced(client, ns).create(&PostParams::default(), &binding).await.expect("binding");
@@ -66,7 +81,11 @@ async fn only_the_gateway_creates_runs_owned_by_someone_else() {
     let label = random_suffix(8);
     let admin = env.client(User::Admin).await;
     Api::<Namespace>::all(admin.clone())
-        .patch(&ns, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"toolyard-test-admission": label}}})))
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"toolyard-test-admission": label}}})),
+        )
         .await
         .unwrap();
     grant_create_toolcalls(&env, &ns).await;
@@ -90,7 +109,9 @@ async fn only_the_gateway_creates_runs_owned_by_someone_else() {
                 as_admin.delete(&name, &DeleteParams::default()).await?;
                 Ok(false)
             }
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("spec.owner must name the requester") => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("spec.owner must name the requester") => {
+                Ok(true)
+            }
             Err(e) => Err(e.into()),
         }
     })
@@ -105,14 +126,23 @@ async fn only_the_gateway_creates_runs_owned_by_someone_else() {
         Ok(_) => panic!("accepted; expected a refusal containing {needle:?}"),
         Err(e) => panic!("{e}"),
     };
-    refused(alice.create(&PostParams::default(), &call("as-bob", "kubernetes", "bob", &[])).await, "spec.owner must name the requester");
-    refused(alice.create(&PostParams::default(), &call("other-issuer", "apikey", "alice", &[])).await, "issuer: kubernetes");
+    refused(
+        alice.create(&PostParams::default(), &call("as-bob", "kubernetes", "bob", &[])).await,
+        "spec.owner must name the requester",
+    );
+    refused(
+        alice.create(&PostParams::default(), &call("other-issuer", "apikey", "alice", &[])).await,
+        "issuer: kubernetes",
+    );
     refused(
         alice.create(&PostParams::default(), &call("more-groups", "kubernetes", "alice", &["system:masters"])).await,
         "spec.owner.groups may only list groups the requester has",
     );
     // Not even a cluster admin may forge an owner; the gateway may set any.
-    refused(as_admin.create(&PostParams::default(), &call("admin-forges", "apikey", "alice", &[])).await, "spec.owner must name");
+    refused(
+        as_admin.create(&PostParams::default(), &call("admin-forges", "apikey", "alice", &[])).await,
+        "spec.owner must name",
+    );
     gateway.create(&PostParams::default(), &call("via-gateway", "apikey", "bob", &["ops"])).await.unwrap();
 
     env.kubectl_as(User::Admin, &["delete", "-f", file.to_str().unwrap()]).unwrap();

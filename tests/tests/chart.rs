@@ -6,7 +6,12 @@ use toolyard_tests::{TestEnv, User, repo_path};
 fn helm_template(env: &TestEnv, namespace: &str, extra: &[&str]) -> String {
     let out = std::process::Command::new(env.bin_dir().join("helm"))
         .args(["template", "ty", repo_path("charts/toolyard").to_str().expect("utf-8 path"), "-n", namespace])
-        .args(["--kube-version", "1.34.4", "-f", repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8")])
+        .args([
+            "--kube-version",
+            "1.34.4",
+            "-f",
+            repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8"),
+        ])
         .args(extra)
         .output()
         .expect("helm runs");
@@ -21,7 +26,11 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
     let release_ns = env.namespace("chart").await.unwrap();
     let served = env.namespace("chart-served").await.unwrap();
     let watch = format!("watchNamespaces={{{served}}}");
-    let manifest = helm_template(env, &release_ns, &["--set", &watch, "--set", "admission.namespaceSelector.matchLabels.none=none"]);
+    let manifest = helm_template(
+        env,
+        &release_ns,
+        &["--set", &watch, "--set", "admission.namespaceSelector.matchLabels.none=none"],
+    );
     for kind in ["kind: Deployment", "kind: NetworkPolicy", "kind: ValidatingAdmissionPolicy", "kind: Role"] {
         assert!(manifest.contains(kind), "{kind} missing from the rendered chart");
     }
@@ -30,7 +39,10 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
     let out = env
         .kubectl_as(User::Admin, &["apply", "--dry-run=server", "-f", file.to_str().unwrap()])
         .unwrap_or_else(|e| panic!("the apiserver refused the chart: {e:#}"));
-    assert!(out.contains("deployment.apps/ty-toolyard-gateway") && out.contains("deployment.apps/ty-toolyard-controller"), "{out}");
+    assert!(
+        out.contains("deployment.apps/ty-toolyard-gateway") && out.contains("deployment.apps/ty-toolyard-controller"),
+        "{out}"
+    );
     let _ = std::fs::remove_file(file);
 }
 
