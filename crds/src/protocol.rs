@@ -68,6 +68,18 @@ pub mod pool {
     /// Default port of the pool server.
     pub const DEFAULT_PORT: u16 = 8080;
 
+    /// Environment of `toolyard-runner serve`.
+    pub mod env {
+        /// The pool's derived key, hex-encoded (`SigningKey::to_hex`).
+        pub const KEY: &str = "TOOLYARD_POOL_KEY";
+        /// A file holding the pool's derived key, hex-encoded (e.g. a mounted Secret key).
+        pub const KEY_FILE: &str = "TOOLYARD_POOL_KEY_FILE";
+        /// Calls one server runs at once (the McpTool's `pool.concurrency`).
+        pub const CONCURRENCY: &str = "TOOLYARD_POOL_CONCURRENCY";
+        /// `true`: one long-lived worker per slot (the McpTool's `pool.reuseProcess`).
+        pub const REUSE: &str = "TOOLYARD_POOL_REUSE";
+    }
+
     /// Purpose string for deriving the key of one pool from the shared signing key.
     pub fn key_purpose(namespace: &str, mcptool: &str) -> String {
         format!("pool/{namespace}/{mcptool}")

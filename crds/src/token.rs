@@ -74,6 +74,29 @@ impl SigningKey {
         SigningKey(mac.finalize().into_bytes().to_vec())
     }
 
+    /// The key as lowercase hex: how a derived key travels to a pool server (a Secret key or
+    /// the `TOOLYARD_POOL_KEY` variable), since raw HMAC bytes may end in a newline that
+    /// [`SigningKey::new`] would strip. The result is secret: never log it.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses a key written by [`SigningKey::to_hex`] (surrounding whitespace ignored).
+    pub fn from_hex(text: &str) -> Result<Self, TokenError> {
+        let text = text.trim();
+        if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(TokenError::NotHex);
+        }
+        let bytes: Vec<u8> = (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| TokenError::NotHex))
+            .collect::<Result<_, _>>()?;
+        if bytes.len() < MIN_KEY_LEN {
+            return Err(TokenError::WeakKey(bytes.len()));
+        }
+        Ok(Self(bytes))
+    }
+
     /// Signs `claims` into a token string.
     pub fn sign(&self, claims: &Claims) -> String {
         let body = B64.encode(serde_json::to_vec(claims).expect("claims serialize"));
@@ -129,6 +152,9 @@ pub enum TokenError {
     /// Past its expiry.
     #[error("runner token has expired")]
     Expired,
+    /// A hex-encoded key (see [`SigningKey::to_hex`]) that is not hex.
+    #[error("signing key is not hex-encoded")]
+    NotHex,
     /// Key too short.
     #[error("signing key has {0} bytes; at least 32 are required")]
     WeakKey(usize),
@@ -186,6 +212,16 @@ mod tests {
         assert_eq!(parent.verify(&token, 1_000), Err(TokenError::BadSignature));
         assert_eq!(parent.derive("pool/ns/b").verify(&token, 1_000), Err(TokenError::BadSignature));
         assert!(key(1).derive("pool/ns/a").verify(&token, 1_000).is_ok(), "derivation is deterministic");
+    }
+
+    #[test]
+    fn hex_form_round_trips_even_when_the_key_ends_in_a_newline_byte() {
+        let key = SigningKey(vec![b'\n'; 32]);
+        let back = SigningKey::from_hex(&format!("{}\n", key.to_hex())).unwrap();
+        assert_eq!(back.0, key.0);
+        assert_eq!(SigningKey::from_hex("zz").unwrap_err(), TokenError::NotHex);
+        assert_eq!(SigningKey::from_hex("abc").unwrap_err(), TokenError::NotHex);
+        assert_eq!(SigningKey::from_hex("ab").unwrap_err(), TokenError::WeakKey(1));
     }
 
     #[test]

@@ -12,6 +12,7 @@
 //! | [`authz::Authorizer`] | SubjectAccessReview | a static policy file |
 //! | [`auth::Authenticator`] | API keys, OIDC JWTs, TokenReview | a generated local token |
 
+pub mod app;
 pub mod auth;
 pub mod authz;
 pub mod catalog;
@@ -19,8 +20,17 @@ pub mod error;
 pub mod executor;
 pub mod identity;
 pub mod internal;
+pub mod limits;
+pub mod local;
+pub mod logging;
 pub mod mcp;
+pub mod metrics;
+pub mod serve;
+pub mod server;
+pub mod state;
 pub mod store;
+pub mod tls;
 
 pub use error::{Error, Result};
 pub use identity::Identity;
+pub use state::{AppState, Settings};

@@ -12,7 +12,8 @@
 //! Needs a Python with the `mcp` package for the SDK server (`TOOLYARD_TEST_PYTHON`, else
 //! `~/.cache/toolyard/venv/bin/python` as tests/run.sh makes it). The tools run on
 //! `TOOLYARD_BENCH_PYTHON`, else `python3` resolved to its real executable.
-//! `TOOLYARD_BENCH_SECONDS` (default 5) per cell, `TOOLYARD_BENCH_CLIENTS` (default `1,4`).
+//! `TOOLYARD_BENCH_SECONDS` (default 5) per cell, `TOOLYARD_BENCH_CLIENTS` (default `1,4`),
+//! `TOOLYARD_BENCH_DATA_DIR` (default: a temporary folder) for the gateway's call files.
 //! The load generator is this program: one task per client, each sending its next request
 //! when the previous answer is complete (stateless MCP `tools/call` over HTTP/1.1).
 
@@ -273,7 +274,9 @@ async fn run() {
     std::fs::create_dir_all(&tools).expect("tools folder");
     write_manifests(&tools, cpus);
 
-    let (_gateway, gateway_url) = start_gateway(&tools, &dir.path().join("data"), &python);
+    // TOOLYARD_BENCH_DATA_DIR: where the gateway keeps call files (e.g. a tmpfs, to leave out fsync).
+    let data = std::env::var_os("TOOLYARD_BENCH_DATA_DIR").map_or_else(|| dir.path().join("data"), PathBuf::from);
+    let (_gateway, gateway_url) = start_gateway(&tools, &data, &python);
     let (_sdk, sdk_url) = start_sdk_server();
     let pool = Arc::new(Target {
         name: "toolyard local, Pool + reuse".into(),

@@ -19,6 +19,7 @@ use kube::{Client, Config};
 use tokio::sync::OnceCell;
 
 pub mod fixtures;
+pub mod local;
 pub mod process_node;
 pub mod s3;
 

@@ -1,1 +1,17 @@
-//! placeholder
+//! `toolyard-runner`: runs a tool command under the Toolyard runner protocol.
+//!
+//! - `call -- CMD...` ([`call`]): one call in a Job pod or as a local child process: input
+//!   from the gateway's internal API, CMD run once ([`child`]), logs and result uploaded.
+//! - `serve -- CMD...` ([`serve`]): the Pool-mode HTTP server of a warm pod, with a fresh
+//!   process per call or reused JSON-lines workers.
+//! - `agent`: the coding agent (lands with the coding-task issue).
+//!
+//! The tool command never sees the runner's credentials; its outcome is classified by
+//! [`outcome`] with the exit codes of the Python function runner `toolyard.run`.
+
+pub mod api;
+pub mod call;
+pub mod capture;
+pub mod child;
+pub mod outcome;
+pub mod serve;

@@ -21,7 +21,6 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import _docstring
 
 ALL_KINDS = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
 _SCALAR_KIND = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string"}
@@ -410,6 +409,8 @@ def _object_type(cls: type, stack: tuple[type, ...]) -> ObjectType:
         hints = typing.get_type_hints(cls)
     except Exception as e:
         raise UnsupportedType(f"{cls.__qualname__}: cannot resolve type hints: {e}") from None
+    from . import _docstring  # only object types need it; a fresh process per call skips the import
+
     docs = _docstring.parse(cls.__doc__).attributes
     fields = []
     if typing.is_typeddict(cls):

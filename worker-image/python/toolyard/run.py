@@ -18,12 +18,10 @@ never into the result.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import os
 import sys
-import traceback
 from typing import IO, Any, NoReturn
 
 from ._types import (
@@ -43,7 +41,9 @@ USAGE = "usage: python -m toolyard.run module:function"
 MAX_ERROR_BYTES = 4096
 # Failure kind -> exit code of file mode. The kinds are also the jsonl `kind` values.
 EXIT_CODES = {"error": 1, "invalid_arguments": 2, "bad_result": 3}
-_loop: asyncio.AbstractEventLoop | None = None  # one loop per process, kept across calls
+# One event loop per process, kept across calls. `asyncio` and `traceback` are imported only
+# when needed: a fresh process per call pays for every import at start-up.
+_loop: Any = None
 
 
 class CallFailed(Exception):
@@ -88,7 +88,7 @@ def call(spec: FunctionSpec, arguments: Any) -> Any:
         if inspect.isawaitable(value):
             value = _await(value)
     except (Exception, SystemExit) as e:
-        traceback.print_exception(e, file=sys.stderr)
+        _print_exception(e)
         text = str(e)
         raise CallFailed("error", f"{type(e).__qualname__}: {text}" if text else type(e).__qualname__) from None
     finally:
@@ -102,10 +102,18 @@ def call(spec: FunctionSpec, arguments: Any) -> Any:
         raise CallFailed("bad_result", "result is nested too deeply (or contains itself)") from None
 
 
+def _print_exception(e: BaseException) -> None:
+    import traceback
+
+    traceback.print_exception(e, file=sys.stderr)
+
+
 def _await(awaitable: Any) -> Any:
     """Run an `async def` tool on this process's event loop, kept across calls (pooled clients)."""
     global _loop
     if _loop is None:
+        import asyncio
+
         _loop = asyncio.new_event_loop()
     return _loop.run_until_complete(awaitable)
 
@@ -116,7 +124,7 @@ def _load(target: str) -> FunctionSpec:
         return inspect_function(load_function(target))
     except InvocationError as e:
         if e.__cause__ is not None:
-            traceback.print_exception(e.__cause__, file=sys.stderr)
+            _print_exception(e.__cause__)
         raise
     except UnsupportedType as e:
         raise InvocationError(str(e)) from None

@@ -1,0 +1,311 @@
+//! [`ToolCatalog`] from McpTool manifests in a folder (the embedded local mode).
+//!
+//! Every `*.yaml` / `*.yml` file of the folder (not its subfolders) is read, each document
+//! must be an McpTool (`toolyard.dev/v1alpha1`), and each is checked as the API server
+//! would ([`super::manifest`]) plus what only matters locally (no Secrets to read). All
+//! problems are reported at once, each naming the file, the document and the field.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde_json::Value;
+use tokio::sync::watch;
+use toolyard_api::McpTool;
+
+use super::manifest::{self, FieldError};
+use super::{Tool, ToolCatalog, compile_schema};
+
+/// One problem in one document of one file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestError {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based document number inside the file (0: the file as a whole).
+    pub document: usize,
+    /// The problem.
+    pub error: FieldError,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.document == 0 {
+            write!(f, "{}: {}", self.file.display(), self.error)
+        } else {
+            write!(f, "{} (document {}): {}", self.file.display(), self.document, self.error)
+        }
+    }
+}
+
+/// Why a tool folder could not be loaded: every problem found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct LoadError(pub Vec<ManifestError>);
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0.len();
+        writeln!(f, "{n} problem{} in the tool manifests:", if n == 1 { "" } else { "s" })?;
+        for e in &self.0 {
+            writeln!(f, "  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A loaded tool and where it came from.
+#[derive(Clone, Debug)]
+pub struct LocalTool {
+    /// The tool.
+    pub tool: Arc<Tool>,
+    /// The manifest file.
+    pub file: PathBuf,
+    /// 1-based document number in the file.
+    pub document: usize,
+}
+
+/// Tools from a folder of manifests.
+#[derive(Debug)]
+pub struct LocalCatalog {
+    dir: PathBuf,
+    tools: RwLock<Vec<LocalTool>>,
+    version: watch::Sender<u64>,
+}
+
+impl LocalCatalog {
+    /// Loads every manifest of `dir`.
+    pub fn load(dir: &Path) -> Result<Self, LoadError> {
+        let tools = load_dir(dir)?;
+        Ok(Self { dir: dir.to_owned(), tools: RwLock::new(tools), version: watch::Sender::new(1) })
+    }
+
+    /// The folder the manifests come from (working directories are relative to it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The tools with their origins.
+    pub fn local_tools(&self) -> Vec<LocalTool> {
+        self.tools.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Reads the folder again; on success the tool set is replaced and watchers are told.
+    /// On failure the current tools stay.
+    pub fn reload(&self) -> Result<(), LoadError> {
+        let tools = load_dir(&self.dir)?;
+        *self.tools.write().unwrap_or_else(|e| e.into_inner()) = tools;
+        self.version.send_modify(|v| *v += 1);
+        Ok(())
+    }
+}
+
+impl ToolCatalog for LocalCatalog {
+    fn tools(&self) -> Vec<Arc<Tool>> {
+        self.tools.read().unwrap_or_else(|e| e.into_inner()).iter().map(|t| Arc::clone(&t.tool)).collect()
+    }
+
+    fn changes(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    fn is_synced(&self) -> bool {
+        true
+    }
+}
+
+/// The manifest files of `dir`, sorted.
+fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let whole = |message: String| {
+        LoadError(vec![ManifestError {
+            file: dir.to_owned(),
+            document: 0,
+            error: FieldError { field: String::new(), message },
+        }])
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| whole(format!("cannot read the tool folder: {e}")))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(whole("no *.yaml or *.yml files with McpTool manifests in this folder".into()));
+    }
+    Ok(files)
+}
+
+fn load_dir(dir: &Path) -> Result<Vec<LocalTool>, LoadError> {
+    let schema = manifest::mcptool_schema();
+    let mut errors = Vec::new();
+    let mut tools = Vec::new();
+    for file in manifest_files(dir)? {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => load_file(&file, &text, &schema, &mut tools, &mut errors),
+            Err(e) => errors.push(error(&file, 0, "", format!("cannot read the file: {e}"))),
+        }
+    }
+    check_unique(&tools, &mut errors);
+    if errors.is_empty() { Ok(tools) } else { Err(LoadError(errors)) }
+}
+
+fn error(file: &Path, document: usize, field: &str, message: impl Into<String>) -> ManifestError {
+    ManifestError {
+        file: file.to_owned(),
+        document,
+        error: FieldError { field: field.into(), message: message.into() },
+    }
+}
+
+/// Parses the documents of one file into tools, or errors.
+pub fn load_file(file: &Path, text: &str, schema: &Value, tools: &mut Vec<LocalTool>, errors: &mut Vec<ManifestError>) {
+    let docs: Vec<Value> = match serde_saphyr::from_multiple(text) {
+        Ok(docs) => docs,
+        Err(e) => {
+            errors.push(error(file, 0, "", format!("not valid YAML: {e}")));
+            return;
+        }
+    };
+    for (i, doc) in docs.into_iter().enumerate() {
+        let n = i + 1;
+        if doc.is_null() {
+            continue; // an empty document (e.g. a leading `---`)
+        }
+        let before = errors.len();
+        let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        if kind != "McpTool" {
+            let found = if kind.is_empty() { "no kind".to_owned() } else { format!("kind {kind:?}") };
+            errors.push(error(file, n, "kind", format!("{found}: a tool folder holds only McpTool manifests")));
+            continue;
+        }
+        if api_version != toolyard_api::API_VERSION {
+            errors.push(error(
+                file,
+                n,
+                "apiVersion",
+                format!("must be {:?}, not {api_version:?}", toolyard_api::API_VERSION),
+            ));
+            continue;
+        }
+        let name = doc.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_owned();
+        let name = name.as_str();
+        if name.is_empty() {
+            errors.push(error(file, n, "metadata.name", "Required value"));
+        } else if !manifest::is_dns_subdomain(name) {
+            errors.push(error(
+                file,
+                n,
+                "metadata.name",
+                format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"),
+            ));
+        }
+        for e in manifest::check_document(&doc, schema) {
+            errors.push(ManifestError { file: file.to_owned(), document: n, error: e });
+        }
+        // Local mode has no Secrets to read.
+        if let Some(env) = doc.pointer("/spec/runtime/env").and_then(Value::as_array) {
+            for (j, var) in env.iter().enumerate() {
+                if var.get("secretKeyRef").is_some_and(|r| !r.is_null()) {
+                    errors.push(error(
+                        file,
+                        n,
+                        &format!("spec.runtime.env[{j}].secretKeyRef"),
+                        "not available in local mode (there are no Kubernetes Secrets); use `value` instead",
+                    ));
+                }
+            }
+        }
+        if errors.len() > before {
+            continue;
+        }
+        let object: McpTool = match serde_path_to_error::deserialize(&doc) {
+            Ok(o) => o,
+            Err(e) => {
+                errors.push(error(file, n, &e.path().to_string(), e.inner().to_string()));
+                continue;
+            }
+        };
+        if let Some(output) = &object.spec.output_schema
+            && let Err(e) = compile_schema(&Value::Object(output.clone()))
+        {
+            errors.push(error(file, n, "spec.outputSchema", e.replace("inputSchema", "outputSchema")));
+            continue;
+        }
+        match Tool::new(String::new(), name.to_owned(), 1, object.spec) {
+            Ok(tool) => tools.push(LocalTool { tool: Arc::new(tool), file: file.to_owned(), document: n }),
+            Err(e) => errors.push(error(file, n, "spec.inputSchema", e)),
+        }
+    }
+}
+
+fn check_unique(tools: &[LocalTool], errors: &mut Vec<ManifestError>) {
+    let mut by_name: HashMap<&str, &LocalTool> = HashMap::new();
+    let mut by_object: HashMap<&str, &LocalTool> = HashMap::new();
+    for t in tools {
+        let place = |o: &LocalTool| format!("{} (document {})", o.file.display(), o.document);
+        if let Some(first) = by_name.insert(t.tool.name(), t) {
+            let message = format!("tool name {:?} is already used by {}", t.tool.name(), place(first));
+            errors.push(error(&t.file, t.document, "spec.name", message));
+        }
+        if let Some(first) = by_object.insert(&t.tool.object_name, t) {
+            let message = format!("McpTool {:?} is already defined in {}", t.tool.object_name, place(first));
+            errors.push(error(&t.file, t.document, "metadata.name", message));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_text(text: &str) -> Result<Vec<LocalTool>, Vec<String>> {
+        let (mut tools, mut errors) = (Vec::new(), Vec::new());
+        load_file(Path::new("t.yaml"), text, &manifest::mcptool_schema(), &mut tools, &mut errors);
+        check_unique(&tools, &mut errors);
+        if errors.is_empty() { Ok(tools) } else { Err(errors.iter().map(ToString::to_string).collect()) }
+    }
+
+    const TOOL: &str = "apiVersion: toolyard.dev/v1alpha1\nkind: McpTool\nmetadata: {name: echo}\nspec:\n  name: echo\n  description: d\n  inputSchema: {type: object}\n  runtime: {image: i, command: [python3]}\n";
+
+    #[test]
+    fn documents_load_with_defaults_applied() {
+        let tools = load_text(&format!("---\n{TOOL}")).unwrap();
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].tool.spec.execution.timeout_seconds, 60);
+        assert_eq!(tools[0].document, 1, "an empty leading document is not counted");
+    }
+
+    #[test]
+    fn other_kinds_duplicates_secrets_and_bad_schemas_name_file_document_and_field() {
+        let text = format!(
+            "{TOOL}---\nkind: Deployment\napiVersion: apps/v1\n---\n{TOOL}---\n{}---\n{}",
+            TOOL.replace("name: echo\n  description", "name: e2\n  description")
+                .replace("{name: echo}", "{name: e2}")
+                .replace(
+                    "command: [python3]}",
+                    "command: [python3], env: [{name: K, secretKeyRef: {name: s, key: k}}]}"
+                ),
+            TOOL.replace("{name: echo}", "{name: e3}")
+                .replace("name: echo\n", "name: e3\n")
+                .replace("inputSchema: {type: object}", "inputSchema: {type: object, properties: {a: {type: 12}}}"),
+        );
+        let errors = load_text(&text).unwrap_err();
+        let expect = [
+            "t.yaml (document 2): kind: kind \"Deployment\": a tool folder holds only McpTool manifests",
+            "t.yaml (document 4): spec.runtime.env[0].secretKeyRef: not available in local mode",
+            "t.yaml (document 5): spec.inputSchema: inputSchema is not a valid JSON Schema",
+            "t.yaml (document 3): spec.name: tool name \"echo\" is already used by t.yaml (document 1)",
+            "t.yaml (document 3): metadata.name: McpTool \"echo\" is already defined in t.yaml (document 1)",
+        ];
+        for e in expect {
+            assert!(errors.iter().any(|x| x.starts_with(e)), "missing {e:?} in {errors:#?}");
+        }
+        assert_eq!(errors.len(), expect.len(), "{errors:#?}");
+    }
+
+    #[test]
+    fn yaml_syntax_errors_name_the_file() {
+        let errors = load_text("spec: [unclosed").unwrap_err();
+        assert!(errors[0].starts_with("t.yaml: not valid YAML"), "{errors:?}");
+    }
+}

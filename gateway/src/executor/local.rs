@@ -1,0 +1,453 @@
+//! [`Executor`] for the embedded local mode: each Job-mode call is a `toolyard-runner call`
+//! child process (in its own process group, with the same environment contract as a Job
+//! pod), each Pool-mode call goes to the tool's warm local `toolyard-runner serve` process.
+//!
+//! Job calls: the input is stored, a call token is minted with the master key, the runner
+//! fetches the input and uploads logs and result through the local internal API, and
+//! [`LocalResults`] (the internal API's [`ResultRecorder`]) hands the result back here. At
+//! most `max_concurrent_calls` runners run at once. The runner enforces the tool's timeout
+//! itself (`--timeout`); as a backstop the whole tree (the runner's group and its tool's
+//! group) is killed at the deadline plus a grace, and on cancellation.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{Semaphore, oneshot};
+use toolyard_api::OwnerKey;
+use toolyard_api::mcptool::ExecutionMode;
+use toolyard_api::protocol::{CallErrorKind, CallResult, env};
+use toolyard_api::storage::{CallFile, RunId};
+use toolyard_api::token::{Claims, RunKind, SigningKey};
+
+use super::pool::{PoolClient, PoolTarget, call_file, run_pool_call};
+use super::{CallRequest, Executor, ResultRecorder};
+use crate::catalog::Tool;
+use crate::local::workers::WarmPools;
+use crate::store::ArtifactStore;
+use crate::{Error, Result};
+
+/// Extra time after the tool's deadline and kill grace before the runner's tree is killed.
+const BACKSTOP_SLACK: Duration = Duration::from_secs(10);
+/// Bytes kept of a runner's own stderr (for its error messages).
+const RUNNER_STDERR_LIMIT: usize = 64 * 1024;
+
+/// How tool processes are started on this machine.
+#[derive(Clone, Debug)]
+pub struct LaunchSettings {
+    /// The `toolyard-runner` binary.
+    pub runner: PathBuf,
+    /// Base URL of the local internal API.
+    pub internal_url: String,
+    /// The folder of the manifests (working directories are relative to it).
+    pub tools_dir: PathBuf,
+    /// The bundled Python package folder (`worker-image/python`), added to `PYTHONPATH`.
+    pub python_package: Option<PathBuf>,
+    /// Bare interpreter names (`python3`) resolved to the real interpreter, so a call does
+    /// not go through a version manager's shim.
+    pub interpreters: HashMap<String, PathBuf>,
+    /// Time between SIGTERM and SIGKILL of a tool's process group.
+    pub kill_grace: Duration,
+}
+
+/// The command line, folder and environment of one tool's processes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// Program and arguments (`command` + `args`, interpreter resolved).
+    pub argv: Vec<String>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// Variables set for the tool (its manifest's `env`, `PYTHONPATH`).
+    pub env: Vec<(String, String)>,
+}
+
+impl LaunchSettings {
+    /// How `tool` runs here.
+    pub fn launch(&self, tool: &Tool) -> Launch {
+        let runtime = &tool.spec.runtime;
+        let mut argv: Vec<String> = runtime.command.iter().chain(&runtime.args).cloned().collect();
+        if let Some(real) = argv.first().and_then(|p| self.interpreters.get(p)) {
+            argv[0] = real.display().to_string();
+        }
+        let cwd = match &runtime.working_dir {
+            Some(dir) => self.tools_dir.join(dir),
+            None => self.tools_dir.clone(),
+        };
+        let mut env: Vec<(String, String)> =
+            runtime.env.iter().filter_map(|e| Some((e.name.clone(), e.value.clone()?))).collect();
+        if !env.iter().any(|(name, _)| name == "PYTHONPATH") {
+            let mut parts = vec![self.tools_dir.display().to_string()];
+            parts.extend(self.python_package.iter().map(|p| p.display().to_string()));
+            parts.extend(std::env::var("PYTHONPATH").ok().filter(|p| !p.is_empty()));
+            env.push(("PYTHONPATH".into(), parts.join(":")));
+        }
+        Launch { argv, cwd, env }
+    }
+}
+
+/// A command for a runner process of `launch`: its own process group, the gateway's
+/// environment without any `TOOLYARD_*` variable (the local token, key paths), plus the tool's.
+pub fn runner_command(runner: &Path, launch: &Launch) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(runner);
+    command.current_dir(&launch.cwd).process_group(0).stdin(Stdio::null());
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TOOLYARD_") || name == env::TRACEPARENT {
+            command.env_remove(name);
+        }
+    }
+    command.envs(launch.env.iter().map(|(k, v)| (k, v)));
+    command
+}
+
+/// Waiters for call results, woken by the internal API when a runner uploads one.
+#[derive(Debug, Default)]
+pub struct LocalResults {
+    waiters: Mutex<HashMap<(OwnerKey, String), oneshot::Sender<CallResult>>>,
+}
+
+impl LocalResults {
+    fn register(&self, owner: &OwnerKey, id: &RunId) -> oneshot::Receiver<CallResult> {
+        let (tx, rx) = oneshot::channel();
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).insert((owner.clone(), id.to_string()), tx);
+        rx
+    }
+
+    fn forget(&self, owner: &OwnerKey, id: &RunId) {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).remove(&(owner.clone(), id.to_string()));
+    }
+}
+
+#[async_trait]
+impl ResultRecorder for LocalResults {
+    async fn record(&self, _namespace: &str, call: &RunId, owner: &OwnerKey, result: &CallResult) -> Result<()> {
+        let waiter = self.waiters.lock().unwrap_or_else(|e| e.into_inner()).remove(&(owner.clone(), call.to_string()));
+        if let Some(tx) = waiter {
+            let _ = tx.send(result.clone());
+        }
+        Ok(())
+    }
+}
+
+/// The local executor.
+pub struct LocalExecutor {
+    settings: LaunchSettings,
+    key: SigningKey,
+    store: Arc<dyn ArtifactStore>,
+    results: Arc<LocalResults>,
+    slots: Arc<Semaphore>,
+    pools: Arc<WarmPools>,
+    pool_client: PoolClient,
+}
+
+impl std::fmt::Debug for LocalExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalExecutor").field("settings", &self.settings).finish_non_exhaustive()
+    }
+}
+
+impl LocalExecutor {
+    /// An executor running at most `max_concurrent_calls` Job-mode runners at once; Pool-mode
+    /// calls go to `pools`. `results` must be the internal API's recorder.
+    pub fn new(
+        settings: LaunchSettings,
+        key: SigningKey,
+        store: Arc<dyn ArtifactStore>,
+        results: Arc<LocalResults>,
+        pools: Arc<WarmPools>,
+        max_concurrent_calls: usize,
+    ) -> Result<Self> {
+        Ok(Self {
+            settings,
+            key,
+            store,
+            results,
+            slots: Arc::new(Semaphore::new(max_concurrent_calls.max(1))),
+            pools,
+            pool_client: PoolClient::new(Duration::from_secs(5))?,
+        })
+    }
+
+    async fn call_pool(&self, request: CallRequest) -> Result<CallResult> {
+        let name = request.tool.object_name.clone();
+        let pool = self.pools.get(&name).ok_or_else(|| Error::Internal(format!("no warm workers for tool {name}")))?;
+        let endpoint = pool.endpoint().ok_or_else(|| {
+            Error::Unavailable(format!(
+                "the warm workers of tool {} are not running; see the gateway log",
+                request.tool.name()
+            ))
+        })?;
+        let target = PoolTarget {
+            endpoint: &endpoint,
+            key: pool.key(),
+            namespace: "",
+            grace: self.settings.kill_grace + Duration::from_secs(5),
+        };
+        run_pool_call(&self.pool_client, self.store.as_ref(), target, request).await
+    }
+
+    async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
+        let _slot = tokio::select! {
+            slot = Arc::clone(&self.slots).acquire_owned() => slot.map_err(|_| Error::Unavailable("shutting down".into()))?,
+            () = request.cancel.cancelled() => return Ok(cancelled(0)),
+        };
+        let owner = request.caller.owner_key();
+        let id = request.id.clone();
+        let timeout =
+            Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds.max(1)).unwrap_or(60));
+        let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
+        self.store.put(&owner, &call_file(id.as_str(), CallFile::Input), Bytes::from(input)).await?;
+
+        let backstop = timeout + self.settings.kill_grace + BACKSTOP_SLACK;
+        let claims = Claims {
+            kind: RunKind::Call,
+            ns: String::new(),
+            id: id.to_string(),
+            owner: request.caller.owner(),
+            exp: now() + i64::try_from(backstop.as_secs()).unwrap_or(3600) + 60,
+        };
+        let launch = self.settings.launch(&request.tool);
+        let mut command = runner_command(&self.settings.runner, &launch);
+        command
+            .arg("call")
+            .arg("--timeout")
+            .arg(timeout.as_secs().to_string())
+            .arg("--kill-grace")
+            .arg(format!("{:.3}", self.settings.kill_grace.as_secs_f64()))
+            .arg("--")
+            .args(&launch.argv)
+            .env(env::GATEWAY_URL, &self.settings.internal_url)
+            .env(env::TOKEN, self.key.sign(&claims))
+            .env(env::RUN_ID, id.as_str())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(tp) = &request.traceparent {
+            command.env(env::TRACEPARENT, tp);
+        }
+
+        let notified = self.results.register(&owner, &id);
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                self.results.forget(&owner, &id);
+                let runner = self.settings.runner.display();
+                return Err(Error::Unavailable(format!("cannot start the runner {runner}: {e}")));
+            }
+        };
+        let tree = ProcessTree::new(child.id());
+        let stderr = child.stderr.take().map(|s| tokio::spawn(read_bounded(s)));
+        tracing::debug!(call = %id, "runner started");
+
+        enum Ended {
+            Notified(CallResult),
+            Exited(std::io::Result<std::process::ExitStatus>),
+            Backstop,
+            Cancelled,
+        }
+        let ended = tokio::select! {
+            Ok(result) = notified => Ended::Notified(result),
+            status = child.wait() => Ended::Exited(status),
+            () = tokio::time::sleep(backstop) => Ended::Backstop,
+            () = request.cancel.cancelled() => Ended::Cancelled,
+        };
+        let result = match ended {
+            Ended::Notified(result) => {
+                // The runner exits right after its upload; reap it without waiting here.
+                tokio::spawn(async move {
+                    if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+                        tree.kill();
+                    }
+                    tree.disarm();
+                });
+                return Ok(result);
+            }
+            Ended::Exited(status) => {
+                tree.disarm();
+                self.results.forget(&owner, &id);
+                match self.store.get(&owner, &call_file(id.as_str(), CallFile::Result)).await? {
+                    Some(bytes) => serde_json::from_slice(&bytes)
+                        .map_err(|e| Error::Internal(format!("the stored result of {id} is not a call result: {e}")))?,
+                    None => {
+                        let stderr = match stderr {
+                            Some(task) => task.await.unwrap_or_default(),
+                            None => String::new(),
+                        };
+                        let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+                        tracing::error!(call = %id, status = ?status.ok(), runner_error = last, "the runner failed");
+                        return Err(Error::Internal(format!("the runner of call {id} failed: {last}")));
+                    }
+                }
+            }
+            Ended::Backstop => {
+                tree.kill();
+                self.results.forget(&owner, &id);
+                let _ = child.wait().await;
+                let message = format!("the call timed out after {}s and its processes were killed", timeout.as_secs());
+                CallResult::err(CallErrorKind::TimedOut, message, None, ms(backstop))
+            }
+            Ended::Cancelled => {
+                self.results.forget(&owner, &id);
+                // The runner forwards SIGTERM to the tool's group and reports; then the backstop.
+                tree.terminate_runner();
+                if tokio::time::timeout(self.settings.kill_grace + Duration::from_secs(5), child.wait()).await.is_err()
+                {
+                    tree.kill();
+                    let _ = child.wait().await;
+                }
+                tree.disarm();
+                cancelled(0)
+            }
+        };
+        Ok(result)
+    }
+}
+
+#[async_trait]
+impl Executor for LocalExecutor {
+    async fn call(&self, request: CallRequest) -> Result<CallResult> {
+        match request.tool.spec.execution.mode {
+            ExecutionMode::Pool => self.call_pool(request).await,
+            ExecutionMode::Job => self.call_job(request).await,
+        }
+    }
+}
+
+fn cancelled(duration_ms: u64) -> CallResult {
+    CallResult::err(CallErrorKind::Cancelled, "the call was cancelled", None, duration_ms)
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+async fn read_bounded(mut stream: tokio::process::ChildStderr) -> String {
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = stream.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let room = RUNNER_STDERR_LIMIT.saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
+}
+
+/// A runner process, the leader of its own group, whose tool runs in a group of its own.
+/// Killing the tree kills both groups; dropping an armed tree kills it (a dropped call future
+/// never leaves processes behind).
+#[derive(Debug)]
+pub struct ProcessTree {
+    pid: Option<Pid>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl ProcessTree {
+    /// The tree of the runner `pid`.
+    pub fn new(pid: Option<u32>) -> Self {
+        Self {
+            pid: pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw),
+            armed: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// SIGTERM to the runner only: it stops its tool and reports.
+    pub fn terminate_runner(&self) {
+        if let Some(pid) = self.pid {
+            let _ = kill(pid, Signal::SIGTERM);
+        }
+    }
+
+    /// SIGKILL to the groups of the runner's children (its tool) and to the runner's group.
+    pub fn kill(&self) {
+        let Some(pid) = self.pid else { return };
+        for child in children_of(pid.as_raw()) {
+            let _ = killpg(Pid::from_raw(child), Signal::SIGKILL);
+        }
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
+
+    /// The runner ended by itself: nothing to kill on drop.
+    pub fn disarm(&self) {
+        self.armed.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for ProcessTree {
+    fn drop(&mut self) {
+        if self.armed.load(std::sync::atomic::Ordering::Acquire) {
+            self.kill();
+        }
+    }
+}
+
+/// Children of `pid` (Linux `/proc/<pid>/task/*/children`; empty elsewhere).
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<i32>>())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use toolyard_api::mcptool::{EnvVar, McpToolSpec};
+
+    use super::*;
+
+    fn tool(command: &[&str], working_dir: Option<&str>, env: &[(&str, &str)]) -> Tool {
+        let mut spec: McpToolSpec = serde_json::from_value(json!({
+            "name": "t", "description": "d", "inputSchema": {"type": "object"},
+            "runtime": {"image": "i", "command": command, "args": ["m:f"]},
+        }))
+        .unwrap();
+        spec.runtime.working_dir = working_dir.map(str::to_owned);
+        spec.runtime.env = env
+            .iter()
+            .map(|(n, v)| EnvVar { name: (*n).into(), value: Some((*v).into()), secret_key_ref: None })
+            .collect();
+        Tool::new(String::new(), "t".into(), 1, spec).unwrap()
+    }
+
+    fn settings() -> LaunchSettings {
+        LaunchSettings {
+            runner: "/bin/toolyard-runner".into(),
+            internal_url: "http://127.0.0.1:1".into(),
+            tools_dir: "/tools".into(),
+            python_package: Some("/repo/worker-image/python".into()),
+            interpreters: HashMap::from([("python3".to_owned(), PathBuf::from("/usr/bin/python3.11"))]),
+            kill_grace: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn interpreter_working_dir_and_pythonpath_are_resolved() {
+        let launch = settings().launch(&tool(&["python3", "-m", "toolyard.run"], None, &[]));
+        assert_eq!(launch.argv, ["/usr/bin/python3.11", "-m", "toolyard.run", "m:f"]);
+        assert_eq!(launch.cwd, PathBuf::from("/tools"));
+        let pythonpath = &launch.env.iter().find(|(k, _)| k == "PYTHONPATH").unwrap().1;
+        assert!(pythonpath.starts_with("/tools:/repo/worker-image/python"), "{pythonpath}");
+
+        let launch = settings().launch(&tool(&["./run.sh"], Some("sub"), &[("PYTHONPATH", "/mine"), ("A", "1")]));
+        assert_eq!(launch.argv[0], "./run.sh");
+        assert_eq!(launch.cwd, PathBuf::from("/tools/sub"));
+        assert_eq!(launch.env, [("PYTHONPATH".to_owned(), "/mine".to_owned()), ("A".to_owned(), "1".to_owned())]);
+        assert_eq!(settings().launch(&tool(&["x"], Some("/abs"), &[])).cwd, PathBuf::from("/abs"));
+    }
+}

@@ -1,0 +1,226 @@
+//! Handlers of the internal API routes (see the module docs of [`super`]).
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use toolyard_api::OwnerKey;
+use toolyard_api::protocol::{CallResult, Event};
+use toolyard_api::storage::{self, CallFile, RelativePath, RunId, TaskFile};
+use toolyard_api::token::RunKind;
+
+use super::InternalState;
+use super::auth::RunClaims;
+use super::error::ApiError;
+
+type St = State<Arc<InternalState>>;
+
+/// `owners/<key>/x` → `x`: the store takes paths relative to the owner's prefix.
+fn relative(owner: &OwnerKey, key: String) -> String {
+    let prefix = storage::owner_prefix(owner);
+    key.strip_prefix(&prefix).map(str::to_owned).unwrap_or(key)
+}
+
+fn call_path(owner: &OwnerKey, id: &RunId, file: CallFile) -> String {
+    relative(owner, storage::call_key(owner, id, file))
+}
+
+fn task_path(owner: &OwnerKey, id: &RunId, file: &TaskFile) -> String {
+    relative(owner, storage::task_key(owner, id, file))
+}
+
+/// Reads a body of at most `limit` bytes (413 beyond, checked on the declared length first).
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize, what: &str) -> Result<Bytes, ApiError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::too_large(what, limit));
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::too_large(what, limit))
+}
+
+/// `GET calls/{id}/input`.
+pub async fn call_input(State(state): St, claims: RunClaims, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let id = claims.require(RunKind::Call, &id)?;
+    let owner = claims.owner_key();
+    let bytes = state
+        .store
+        .get(&owner, &call_path(&owner, &id, CallFile::Input))
+        .await?
+        .ok_or_else(|| ApiError::not_found("the call has no input"))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], bytes).into_response())
+}
+
+/// `PUT calls/{id}/result`: stores `result.json`, then runs the recorder.
+pub async fn call_result(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Call, &id)?;
+    let owner = claims.owner_key();
+    let bytes = read_body(&headers, body, state.limits.result_bytes, "the result").await?;
+    let result: CallResult = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a call result: {e}")))?;
+    let canonical = serde_json::to_vec(&result).map_err(|e| crate::Error::Internal(e.to_string()))?;
+    state.store.put(&owner, &call_path(&owner, &id, CallFile::Result), Bytes::from(canonical)).await?;
+    tracing::debug!(call = %id, is_error = result.is_error(), "call result stored");
+    if let Some(recorder) = &state.recorder
+        && let Err(e) = recorder.record(&claims.0.ns, &id, &owner, &result).await
+    {
+        tracing::warn!(call = %id, error = %e, "recording the call result failed");
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the result was stored but not recorded; retry"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT calls/{id}/logs/{stream}`.
+pub async fn call_log(
+    State(state): St,
+    claims: RunClaims,
+    Path((id, stream)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Call, &id)?;
+    let file = match stream.as_str() {
+        "stdout" => CallFile::Stdout,
+        "stderr" => CallFile::Stderr,
+        _ => return Err(ApiError::not_found("log streams are 'stdout' and 'stderr'")),
+    };
+    let owner = claims.owner_key();
+    let bytes = read_body(&headers, body, state.limits.log_bytes, "the log").await?;
+    state.store.put(&owner, &call_path(&owner, &id, file), bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST calls/{id}/events`.
+pub async fn call_events(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Call, &id)?;
+    let owner = claims.owner_key();
+    let folder = format!("{}events/", relative(&owner, storage::call_prefix(&owner, &id)));
+    append_events(&state, &owner, &headers, body, &folder, |n| format!("{folder}{n:06}.jsonl")).await
+}
+
+/// `POST tasks/{id}/events`.
+pub async fn task_events(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Task, &id)?;
+    let owner = claims.owner_key();
+    let folder = format!("{}events/", relative(&owner, storage::task_prefix(&owner, &id)));
+    append_events(&state, &owner, &headers, body, &folder, |n| task_path(&owner, &id, &TaskFile::Events(n))).await
+}
+
+/// Checks a batch of JSON-lines events and stores it as the next numbered segment.
+async fn append_events(
+    state: &InternalState,
+    owner: &OwnerKey,
+    headers: &HeaderMap,
+    body: Body,
+    folder: &str,
+    segment_path: impl Fn(u32) -> String,
+) -> Result<StatusCode, ApiError> {
+    let bytes = read_body(headers, body, state.limits.events_bytes, "the events").await?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| ApiError::bad_request("events must be UTF-8 JSON lines"))?;
+    let mut lines = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let event: Event = serde_json::from_str(line)
+            .map_err(|e| ApiError::bad_request(format!("line {} is not an event: {e}", i + 1)))?;
+        lines.push(serde_json::to_string(&event).map_err(|e| crate::Error::Internal(e.to_string()))?);
+    }
+    if lines.is_empty() {
+        return Err(ApiError::bad_request("no events in the body"));
+    }
+    let mut segment = lines.join("\n");
+    segment.push('\n');
+
+    let _guard = state.events_lock.lock().await;
+    let existing = state.store.list(owner, folder).await?;
+    let last = existing
+        .iter()
+        .filter_map(|o| o.path.rsplit('/').next()?.strip_suffix(".jsonl")?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    let next = last.checked_add(1).ok_or_else(|| ApiError::bad_request("too many event segments"))?;
+    state.store.put(owner, &segment_path(next), Bytes::from(segment)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn output_path(raw: &str) -> Result<RelativePath, ApiError> {
+    RelativePath::parse(raw).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// `PUT tasks/{id}/outputs/{*path}`.
+pub async fn put_task_output(
+    State(state): St,
+    claims: RunClaims,
+    Path((id, path)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Task, &id)?;
+    let path = output_path(&path)?;
+    let owner = claims.owner_key();
+    let bytes = read_body(&headers, body, state.limits.output_bytes, "the artifact").await?;
+    state.store.put(&owner, &task_path(&owner, &id, &TaskFile::Output(path)), bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET tasks/{id}/outputs/{*path}`.
+pub async fn get_task_output(
+    State(state): St,
+    claims: RunClaims,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let id = claims.require(RunKind::Task, &id)?;
+    let path = output_path(&path)?;
+    let owner = claims.owner_key();
+    let bytes = state
+        .store
+        .get(&owner, &task_path(&owner, &id, &TaskFile::Output(path)))
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such artifact"))?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// `GET tasks/{id}/spec`: not built yet.
+pub async fn task_spec(claims: RunClaims, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    claims.require(RunKind::Task, &id)?;
+    Err(not_implemented("reading a task's spec"))
+}
+
+/// `POST tasks/{id}/tools/{tool}/call`: not built yet.
+pub async fn task_tool_call(
+    claims: RunClaims,
+    Path((id, _tool)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    claims.require(RunKind::Task, &id)?;
+    Err(not_implemented("calling a tool from a coding task"))
+}
+
+fn not_implemented(what: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        format!("{what} is not available yet: it lands with coding tasks (issue 6)"),
+    )
+}
+
+/// Any other path.
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("no such internal API route")
+}

@@ -1,0 +1,279 @@
+//! `toolyard-gateway local <dir>`: the embedded mode. Everything on one machine, no cluster:
+//! tools from the McpTool manifests of a folder ([`crate::catalog::local`]), calls as local
+//! `toolyard-runner` processes ([`crate::executor::local`]) and warm workers ([`workers`]),
+//! files in a local folder ([`crate::store::fs`]), a generated (or given) API key for one
+//! local user, and a static policy ([`crate::authz::policy`]) — served by the same
+//! [`crate::app`] as the cluster gateway. The runners reach the internal API on a second
+//! loopback listener.
+
+mod banner;
+pub mod setup;
+pub mod workers;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use toolyard_api::token::SigningKey;
+
+use crate::app::app_with;
+use crate::auth::apikey::{API_KEY_PREFIX, ApiKey, ApiKeyAuthenticator, generate_api_key, hash_api_key};
+use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata, metadata_router, require_identity};
+use crate::authz::{AuthzMetrics, PolicyAuthorizer};
+use crate::catalog::ToolCatalog;
+use crate::catalog::local::LocalCatalog;
+use crate::executor::local::{LaunchSettings, LocalExecutor, LocalResults};
+use crate::internal::InternalState;
+use crate::logging::LogFormat;
+use crate::metrics::Metrics;
+use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
+use crate::state::{AppState, Settings, loopback_hosts};
+use crate::store::fs::FsStore;
+use setup::DataDirLock;
+use workers::WarmPools;
+
+/// Default address of the MCP endpoint.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+
+/// Flags of `local` (every flag has a `TOOLYARD_*` environment fallback).
+#[derive(Args, Clone, Debug)]
+pub struct LocalArgs {
+    /// Folder with McpTool manifests (`*.yaml`, `*.yml`), e.g. examples/pricing.
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Address of the MCP endpoint. Loopback by default; anything else exposes your tools.
+    #[arg(long, env = "TOOLYARD_LOCAL_LISTEN", default_value = DEFAULT_LISTEN, value_name = "ADDR:PORT")]
+    pub listen: String,
+    /// A fixed bearer token for the local user: `ty_` and at least 16 characters of
+    /// A-Z a-z 0-9 - . _ ~ + /. By default a new one is generated and printed at each start.
+    #[arg(long, env = "TOOLYARD_LOCAL_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// User name the token authenticates (policy rules and the storage prefix use it).
+    #[arg(long, env = "TOOLYARD_LOCAL_USER", default_value = "local")]
+    pub user: String,
+    /// Folder for call and task files.
+    #[arg(long, env = "TOOLYARD_DATA_DIR", default_value = ".toolyard/data")]
+    pub data_dir: PathBuf,
+    /// Policy file (`rules: [{users, groups, tools, codingTasks}]`); default: the local user may
+    /// call every tool and start coding tasks.
+    #[arg(long, env = "TOOLYARD_POLICY_FILE", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// The toolyard-runner binary (default: next to this program, then on PATH).
+    #[arg(long, env = "TOOLYARD_RUNNER", value_name = "PATH")]
+    pub runner: Option<PathBuf>,
+    /// Python interpreter for tools whose command is `python3`/`python` (default: that command,
+    /// resolved once to the real interpreter).
+    #[arg(long, env = "TOOLYARD_PYTHON", value_name = "PATH")]
+    pub python: Option<PathBuf>,
+    /// Job-mode calls running at once (more wait).
+    #[arg(long, env = "TOOLYARD_LOCAL_MAX_CALLS", default_value_t = 8)]
+    pub max_calls: usize,
+    /// Seconds between SIGTERM and SIGKILL of a tool at its deadline.
+    #[arg(long, env = "TOOLYARD_KILL_GRACE_SECONDS", default_value_t = 2.0)]
+    pub kill_grace: f64,
+    /// Accepted `Host` header values besides loopback names (needed with a non-loopback --listen).
+    #[arg(long, env = "TOOLYARD_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Log format.
+    #[arg(long, env = "TOOLYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+/// A running local gateway.
+#[derive(Debug)]
+pub struct LocalGateway {
+    /// Address of the MCP endpoint.
+    pub addr: SocketAddr,
+    /// The bearer token of the local user.
+    pub token: String,
+    /// The data folder.
+    pub data_dir: PathBuf,
+    /// The loaded catalog.
+    pub catalog: Arc<LocalCatalog>,
+    /// The warm workers of Pool-mode tools.
+    pub pools: Arc<WarmPools>,
+    tokens: ShutdownTokens,
+    background: CancellationToken,
+    served: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _lock: DataDirLock,
+}
+
+impl LocalGateway {
+    /// `http://ADDR/mcp`.
+    pub fn mcp_url(&self) -> String {
+        format!("http://{}{}", self.addr, crate::app::MCP_PATH)
+    }
+
+    /// Stops serving (as SIGTERM would) and waits until everything is down.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        self.tokens.trigger.cancel();
+        self.wait().await
+    }
+
+    /// Waits until the gateway stops (SIGTERM/SIGINT or [`Self::shutdown`]).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let result = self.served.await.context("the server task failed")?;
+        self.background.cancel();
+        // Give the worker supervisors a moment to stop their processes.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        result
+    }
+}
+
+/// A fixed token is an API key: `ty_` and at least 16 bearer-token characters.
+fn check_token(token: &str) -> anyhow::Result<()> {
+    let rest = token.strip_prefix(API_KEY_PREFIX).unwrap_or_default();
+    if rest.len() < 16 || !rest.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b)) {
+        bail!(
+            "--token must look like an API key: {API_KEY_PREFIX:?} followed by at least 16 characters of \
+             A-Z a-z 0-9 - . _ ~ + / (e.g. {API_KEY_PREFIX}local-dev-token-0001)"
+        );
+    }
+    Ok(())
+}
+
+/// Checks everything, binds both listeners and starts serving. Returns once `/healthz`
+/// answers; the warm workers may still be starting ([`WarmPools::wait_started`]).
+pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let dir =
+        args.dir.canonicalize().with_context(|| format!("the tool folder {} does not exist", args.dir.display()))?;
+    let catalog = Arc::new(LocalCatalog::load(&dir).map_err(|e| anyhow::anyhow!("{e}"))?);
+    let tools = catalog.local_tools();
+    if let Some(token) = &args.token {
+        check_token(token)?;
+    }
+    let kill_grace =
+        Duration::try_from_secs_f64(args.kill_grace).context("--kill-grace must be a non-negative number")?;
+
+    let runner = setup::find_runner(args.runner.as_deref())?;
+    let interpreters = setup::resolve_interpreters(&tools, &dir, args.python.as_deref())?;
+    let python_package = setup::find_python_package(&dir);
+    setup::check_python_package(&tools, python_package.as_deref(), &interpreters)?;
+
+    let lock = DataDirLock::acquire(&args.data_dir)?;
+    let data_dir = args.data_dir.canonicalize().unwrap_or_else(|_| args.data_dir.clone());
+    let store = Arc::new(FsStore::new(&data_dir).with_context(|| format!("data folder {}", data_dir.display()))?);
+
+    let public_socket = std::net::TcpListener::bind(&args.listen).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
+            "cannot listen on {}: the port is already in use (another toolyard-gateway, or another program). \
+             Stop it or choose another address with --listen 127.0.0.1:PORT",
+            args.listen
+        ),
+        _ => anyhow::anyhow!("cannot listen on {}: {e}", args.listen),
+    })?;
+    public_socket.set_nonblocking(true)?;
+    let addr = public_socket.local_addr()?;
+    let internal_socket = std::net::TcpListener::bind("127.0.0.1:0").context("binding the internal listener")?;
+    internal_socket.set_nonblocking(true)?;
+    let internal_url = format!("http://{}", internal_socket.local_addr()?);
+
+    // A fresh master key per start: runner tokens live no longer than this process.
+    let key = SigningKey::new(rand::random::<[u8; 32]>().to_vec()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let background = CancellationToken::new();
+    let launch =
+        LaunchSettings { runner, internal_url, tools_dir: dir.clone(), python_package, interpreters, kill_grace };
+    let pools = Arc::new(WarmPools::start(&catalog.tools(), &launch, &key, background.clone()));
+    let results = Arc::new(LocalResults::default());
+    let executor =
+        LocalExecutor::new(launch, key.clone(), store.clone(), results.clone(), pools.clone(), args.max_calls)?;
+
+    let metrics = Arc::new(Metrics::new());
+    let (authz_metrics, auth_metrics) = (AuthzMetrics::default(), AuthMetrics::default());
+    metrics.register(|r| {
+        authz_metrics.register(r);
+        auth_metrics.register(r);
+    });
+    let authorizer = match &args.policy {
+        Some(path) => PolicyAuthorizer::from_file(path)?,
+        None => PolicyAuthorizer::parse(&default_policy(&args.user), "the default local policy")?,
+    }
+    .with_metrics(authz_metrics);
+
+    let token = args.token.clone().unwrap_or_else(|| generate_api_key().0);
+    let key_entry = ApiKey::new(args.user.clone(), Vec::new(), &hash_api_key(&token)).map_err(anyhow::Error::msg)?;
+    let chain =
+        AuthChain::new(vec![Arc::new(ApiKeyAuthenticator::from_keys(vec![key_entry]))]).with_metrics(auth_metrics);
+    let metadata = ProtectedResourceMetadata {
+        default_scheme: "http".into(),
+        resource_name: Some("Toolyard (local)".into()),
+        ..ProtectedResourceMetadata::default()
+    };
+    let auth = Arc::new(AuthState {
+        chain,
+        metadata: metadata.clone(),
+        required_scopes: Vec::new(),
+        scoped_issuers: Vec::new(),
+    });
+
+    let mut allowed_hosts = loopback_hosts();
+    allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
+    let settings = Settings { allowed_hosts, ..Settings::default() };
+    let tokens = ShutdownTokens::default();
+    let state = AppState::new(catalog.clone(), Arc::new(executor), store.clone(), Arc::new(authorizer), settings)
+        .with_metrics(metrics)
+        .with_shutdown(tokens.app.clone());
+    let auth_layer = axum::middleware::from_fn_with_state(auth, require_identity);
+    let public = app_with(state, auth_layer, metadata_router(metadata), tokens.streams.clone());
+    let internal = crate::internal::router(InternalState::new(store, key).with_recorder(results));
+
+    let listeners = vec![
+        Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },
+        Listener { name: "internal", socket: internal_socket, router: internal, tls: None, drain: Drain::Last },
+    ];
+    let server = ServerSettings { shutdown_grace: Duration::from_secs(5), ..ServerSettings::default() };
+    let serve_tokens = tokens.clone();
+    let served = tokio::spawn(async move { crate::server::serve(listeners, &server, serve_tokens).await });
+    wait_healthy(addr).await?;
+    Ok(LocalGateway { addr, token, data_dir, catalog, pools, tokens, background, served, _lock: lock })
+}
+
+/// The policy without `--policy`: the local user may do everything.
+pub fn default_policy(user: &str) -> String {
+    format!(
+        "rules:\n  - users: [{}]\n    tools: [\"*\"]\n    codingTasks: true\n",
+        serde_json::Value::String(user.to_owned())
+    )
+}
+
+async fn wait_healthy(addr: SocketAddr) -> anyhow::Result<()> {
+    let client = reqwest::Client::new();
+    let url = format!("http://{addr}/healthz");
+    for _ in 0..200 {
+        if client.get(&url).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    bail!("the gateway did not answer on {url}")
+}
+
+/// Runs `toolyard-gateway local` until SIGTERM/SIGINT.
+pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
+    crate::logging::init(args.log_format);
+    let gateway = start(args).await?;
+    if let Err(e) = gateway.pools.wait_started().await {
+        tracing::warn!(error = %e, "a warm worker did not start; its tool fails until it does (see above)");
+    }
+    print!("{}", banner::text(&gateway));
+    gateway.wait().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_tokens_must_be_api_keys_and_the_default_policy_parses() {
+        assert!(check_token("ty_local-dev-token-0001").is_ok());
+        for bad in ["local-dev-token-0001", "ty_short", "ty_has space in it ok", ""] {
+            assert!(check_token(bad).is_err(), "{bad:?}");
+        }
+        assert!(PolicyAuthorizer::parse(&default_policy("me: \"odd\""), "test").is_ok());
+    }
+}

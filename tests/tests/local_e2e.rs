@@ -1,0 +1,188 @@
+//! The embedded local mode end to end: `toolyard_gateway::local::start` on loopback with the
+//! real runner binary, real Python tool processes and the real local folder store, driven by
+//! a real MCP client (rmcp over Streamable HTTP) — the pricing example and the misbehaving
+//! fixture tools.
+
+use std::path::{Path, PathBuf};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
+use serde_json::{Value, json};
+use toolyard_api::OwnerKey;
+use toolyard_api::protocol::CallResult;
+use toolyard_gateway::local::{LocalArgs, LocalGateway};
+use toolyard_gateway::logging::LogFormat;
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::repo_path;
+
+const TOKEN: &str = "ty_local-e2e-test-token-0001";
+
+struct Local {
+    gateway: LocalGateway,
+    client: RunningService<RoleClient, ClientConfig>,
+    _data: TempDir,
+}
+
+impl Local {
+    async fn start(dir: &str) -> Self {
+        let data = TempDir::new("local-e2e");
+        let args = LocalArgs {
+            dir: repo_path(dir),
+            listen: "127.0.0.1:0".into(),
+            token: Some(TOKEN.into()),
+            user: "local".into(),
+            data_dir: data.path().to_owned(),
+            policy: None,
+            runner: Some(local::binary("toolyard-runner")),
+            python: Some(PathBuf::from(local::python())),
+            max_calls: 4,
+            kill_grace: 0.5,
+            allowed_hosts: Vec::new(),
+            log_format: LogFormat::Plain,
+        };
+        let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
+        gateway.pools.wait_started().await.expect("warm workers start");
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(gateway.mcp_url()).auth_header(TOKEN.to_owned()),
+        );
+        let client = ClientConfig::default()
+            .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+            .await
+            .expect("MCP client connects");
+        Self { gateway, client, _data: data }
+    }
+
+    async fn call(&self, tool: &str, arguments: Value) -> CallToolResult {
+        let params = CallToolRequestParams::new(tool.to_owned())
+            .with_arguments(arguments.as_object().expect("test setup").clone());
+        self.client.call_tool(params).await.unwrap_or_else(|e| panic!("tools/call {tool}: {e}"))
+    }
+
+    /// The call folders of the local user, by name.
+    fn calls(&self) -> Vec<PathBuf> {
+        let owner = OwnerKey::derive("apikey", "local");
+        let dir = self.gateway.data_dir.join("owners").join(owner.as_str()).join("calls");
+        let mut calls: Vec<PathBuf> =
+            std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        calls.sort();
+        calls
+    }
+
+    fn call_folder(&self, prefix: &str) -> PathBuf {
+        let found: Vec<PathBuf> = self
+            .calls()
+            .into_iter()
+            .filter(|p| p.file_name().expect("test setup").to_string_lossy().starts_with(prefix))
+            .collect();
+        assert_eq!(found.len(), 1, "one {prefix}* call folder: {found:?}");
+        found.into_iter().next().expect("test setup")
+    }
+}
+
+fn text_of(result: &CallToolResult) -> String {
+    result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
+}
+
+fn structured(result: &CallToolResult) -> Value {
+    assert_ne!(result.is_error, Some(true), "unexpected error: {}", text_of(result));
+    result.structured_content.clone().unwrap_or_else(|| panic!("no structured content: {result:?}"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+const ATM: fn() -> Value = || json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05});
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pricing_tools_price_greeks_and_quotes_in_both_modes() {
+    let local = Local::start("examples/pricing").await;
+    let mut names: Vec<String> =
+        local.client.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["calc_greeks", "get_quote", "get_quote_fresh", "price_option"]);
+
+    let price = structured(&local.call("price_option", ATM()).await);
+    assert!((price["price"].as_f64().unwrap() - 10.4506).abs() < 1e-4, "{price}");
+    assert_eq!(price["option_type"], "call");
+
+    let greeks = structured(&local.call("calc_greeks", ATM()).await);
+    assert!((greeks["delta"].as_f64().unwrap() - 0.6368).abs() < 1e-4, "{greeks}");
+    assert!(greeks["theta"].as_f64().unwrap() < 0.0, "{greeks}");
+
+    let pooled = structured(&local.call("get_quote", json!({"symbol": "aapl"})).await);
+    let fresh = structured(&local.call("get_quote_fresh", json!({"symbol": "AAPL"})).await);
+    assert_eq!(pooled, fresh);
+    assert_eq!(pooled["symbol"], "AAPL");
+
+    let unknown = local.call("get_quote", json!({"symbol": "NOPE"})).await;
+    assert_eq!(unknown.is_error, Some(true));
+    assert!(text_of(&unknown).contains("LookupError: unknown symbol 'NOPE'"), "{}", text_of(&unknown));
+
+    // Every call left its files under the local user's prefix.
+    let folder = local.call_folder("price-option-");
+    let stored: CallResult = serde_json::from_str(&read(&folder.join("result.json"))).unwrap();
+    assert_eq!(stored.value.as_ref(), Some(&price));
+    assert_eq!(serde_json::from_str::<Value>(&read(&folder.join("input.json"))).unwrap(), ATM());
+    local.gateway.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_arguments_get_a_clear_error_and_nothing_runs() {
+    let local = Local::start("examples/pricing").await;
+    let before = local.calls();
+    let refused = local.call("price_option", json!({"spot": "x", "strike": 100})).await;
+    assert_eq!(refused.is_error, Some(true));
+    let message = text_of(&refused);
+    assert!(message.contains("/spot") && message.contains("\"time_to_expiry\" is a required property"), "{message}");
+    assert_eq!(local.calls(), before, "no call folder: nothing was stored or started");
+    let pooled = local.call("get_quote", json!({"symbol": 5})).await;
+    assert_eq!(pooled.is_error, Some(true));
+    assert_eq!(local.calls(), before);
+    local.gateway.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_tools_fail_cleanly() {
+    let local = Local::start("tests/fixtures/misbehaving").await;
+
+    let failed = local.call("fail", json!({"message": "boom"})).await;
+    assert_eq!(failed.is_error, Some(true));
+    assert!(text_of(&failed).contains("RuntimeError: boom"), "{}", text_of(&failed));
+
+    let noisy = structured(&local.call("noisy", json!({"n": 50})).await);
+    assert_eq!(noisy, json!({"n": 50}), "prints never reach the result");
+    assert!(read(&local.call_folder("noisy-").join("stdout.log")).contains("raw fd 1 line 49"));
+
+    let nan = local.call("nan", json!({})).await;
+    assert_eq!(nan.is_error, Some(true));
+    assert!(text_of(&nan).contains("NaN"), "{}", text_of(&nan));
+
+    let echoed = json!({"nested": [1, "two", {"three": null}]});
+    assert_eq!(
+        structured(&local.call("echo", json!({"value": echoed.clone()})).await),
+        json!({"value": echoed.clone()})
+    );
+    assert_eq!(structured(&local.call("echo_pool", json!({"value": echoed.clone()})).await), json!({"value": echoed}));
+    local.gateway.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_tool_times_out_at_its_deadline_and_its_process_group_is_gone() {
+    let local = Local::start("tests/fixtures/misbehaving").await;
+    let hung = local.call("hang", json!({"seconds": 600})).await;
+    assert_eq!(hung.is_error, Some(true));
+    assert!(text_of(&hung).contains("timed out after 2s"), "{}", text_of(&hung));
+
+    let folder = local.call_folder("hang-");
+    let stored: CallResult = serde_json::from_str(&read(&folder.join("result.json"))).unwrap();
+    assert_eq!(stored.error.map(|e| e.kind), Some(toolyard_api::protocol::CallErrorKind::TimedOut));
+    let stderr = read(&folder.join("stderr.log"));
+    let (pid, child) = local::hang_pids(&stderr).unwrap_or_else(|| panic!("no pids in {stderr}"));
+    assert!(!local::pid_alive(pid), "the tool process {pid} still runs");
+    assert!(!local::pid_alive(child), "the tool's child process {child} still runs");
+    local.gateway.shutdown().await.unwrap();
+}

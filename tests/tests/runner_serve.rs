@@ -1,0 +1,186 @@
+//! `toolyard-runner serve` as a real process: the pool server's token checks, fresh and
+//! reused workers with the real Python runner, worker replacement, and bounded admission.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use toolyard_api::Owner;
+use toolyard_api::protocol::CallErrorKind;
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
+use toolyard_api::token::{Claims, RunKind, SigningKey};
+use toolyard_tests::local;
+
+fn pool_key() -> SigningKey {
+    SigningKey::new(b"runner-serve-test-master-key-0123456789".to_vec())
+        .expect("test setup")
+        .derive(&pool::key_purpose("", "t"))
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("test setup").as_secs() as i64
+}
+
+fn token_for(key: &SigningKey, kind: RunKind, id: &str) -> String {
+    let owner = Owner { issuer: "local".into(), user: "dev".into(), groups: vec![] };
+    key.sign(&Claims { kind, ns: String::new(), id: id.into(), owner, exp: now() + 600 })
+}
+
+struct Pool {
+    base: String,
+    http: reqwest::Client,
+    _child: tokio::process::Child,
+}
+
+impl Pool {
+    async fn start(flags: &[&str], cmd: &[String]) -> Self {
+        let mut child = tokio::process::Command::new(local::binary("toolyard-runner"))
+            .args(["serve", "--host", "127.0.0.1", "--port", "0"])
+            .args(flags)
+            .arg("--")
+            .args(cmd)
+            .env(pool::env::KEY, pool_key().to_hex())
+            .env("PYTHONPATH", local::misbehaving_pythonpath())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the runner starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("test setup")).lines();
+        let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+            .await
+            .expect("test setup")
+            .expect("test setup")
+            .expect("test setup");
+        let addr = line.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+        Self { base: format!("http://{addr}"), http: reqwest::Client::new(), _child: child }
+    }
+
+    async fn post(&self, token: Option<&str>, body: &Value) -> (StatusCode, reqwest::header::HeaderMap, String) {
+        let mut request = self.http.post(format!("{}{}", self.base, pool::CALL_PATH)).json(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.expect("test setup");
+        let (status, headers) = (response.status(), response.headers().clone());
+        (status, headers, response.text().await.expect("test setup"))
+    }
+
+    async fn call(&self, id: &str, arguments: Value, timeout_ms: u64) -> PoolCallResponse {
+        let request = PoolCallRequest {
+            id: id.into(),
+            arguments: arguments.as_object().expect("test setup").clone(),
+            timeout_ms,
+            traceparent: None,
+        };
+        let token = token_for(&pool_key(), RunKind::Call, id);
+        let (status, _, body) = self.post(Some(&token), &serde_json::to_value(&request).expect("test setup")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        serde_json::from_str(&body).expect("test setup")
+    }
+}
+
+fn tool(function: &str) -> Vec<String> {
+    vec![local::python(), "-m".into(), "toolyard.run".into(), format!("misbehaving:{function}")]
+}
+
+#[tokio::test]
+async fn only_a_call_token_of_this_pool_for_this_call_is_served() {
+    let pool = Pool::start(&[], &tool("echo")).await;
+    let body = json!({"id": "c1", "arguments": {"value": 1}, "timeoutMs": 10_000});
+    let master = SigningKey::new(b"runner-serve-test-master-key-0123456789".to_vec()).unwrap();
+    let other_pool = master.derive(&pool::key_purpose("", "other"));
+    for (what, token, expect) in [
+        ("no token", None, StatusCode::UNAUTHORIZED),
+        ("the master key", Some(token_for(&master, RunKind::Call, "c1")), StatusCode::UNAUTHORIZED),
+        ("another pool's key", Some(token_for(&other_pool, RunKind::Call, "c1")), StatusCode::UNAUTHORIZED),
+        ("another call", Some(token_for(&pool_key(), RunKind::Call, "c2")), StatusCode::FORBIDDEN),
+        ("a task token", Some(token_for(&pool_key(), RunKind::Task, "c1")), StatusCode::FORBIDDEN),
+    ] {
+        let (status, _, text) = pool.post(token.as_deref(), &body).await;
+        assert_eq!(status, expect, "{what}: {text}");
+        assert!(text.starts_with("{\"error\":"), "{what}: {text}");
+    }
+    let answer = pool.call("c1", json!({"value": 1}), 10_000).await;
+    assert_eq!(answer.result.value, Some(json!({"value": 1})));
+}
+
+#[tokio::test]
+async fn fresh_processes_keep_the_result_clean_and_return_the_logs() {
+    let pool = Pool::start(&["--concurrency", "2"], &tool("noisy")).await;
+    let ready = reqwest::get(format!("{}{}", pool.base, pool::READY_PATH)).await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+    let answer = pool.call("c-noisy", json!({"n": 3}), 30_000).await;
+    assert_eq!(answer.result.value, Some(json!({"n": 3})));
+    assert!(answer.stdout.contains("stdout line 2"), "{answer:?}");
+    assert!(answer.stderr.contains("\"ready\": true"), "{answer:?}");
+}
+
+#[tokio::test]
+async fn a_reused_worker_keeps_state_across_calls_and_is_replaced_after_a_hang() {
+    let pool = Pool::start(&["--reuse"], &tool("hang")).await;
+    let first = pool.call("c-1", json!({"seconds": 0}), 30_000).await;
+    assert_eq!(first.result.value, Some(json!({"slept": 0.0})));
+    let first_pid = local::hang_pids(&first.stderr).unwrap().0;
+
+    let second = pool.call("c-2", json!({"seconds": 0}), 30_000).await;
+    assert_eq!(local::hang_pids(&second.stderr).unwrap().0, first_pid, "the same worker process serves both calls");
+
+    let hung = pool.call("c-3", json!({"seconds": 600}), 1_000).await;
+    assert_eq!(hung.result.error.as_ref().map(|e| e.kind), Some(CallErrorKind::TimedOut), "{hung:?}");
+    let (pid, child) = local::hang_pids(&hung.stderr).unwrap_or_else(|| panic!("no pids: {hung:?}"));
+    assert_eq!(pid, first_pid);
+    toolyard_tests::wait_until(Duration::from_secs(10), "the hung worker's group to die", || async {
+        Ok(!local::pid_alive(pid) && !local::pid_alive(child))
+    })
+    .await
+    .unwrap();
+
+    let after = pool.call("c-4", json!({"seconds": 0}), 60_000).await;
+    assert_eq!(after.result.value, Some(json!({"slept": 0.0})), "{after:?}");
+    assert_ne!(local::hang_pids(&after.stderr).unwrap().0, first_pid, "a new worker replaced the hung one");
+}
+
+#[tokio::test]
+async fn a_worker_that_dies_mid_call_is_a_crash_and_is_replaced() {
+    let script = "import sys\n\
+        print('{\"ready\": true}', flush=True)\n\
+        sys.stdin.readline()\n\
+        print('worker going down', file=sys.stderr, flush=True)\n\
+        sys.exit(7)\n";
+    let pool = Pool::start(&["--reuse"], &[local::python(), "-c".into(), script.into()]).await;
+    for id in ["c-1", "c-2"] {
+        let answer = pool.call(id, json!({}), 30_000).await;
+        let error = answer.result.error.unwrap_or_else(|| panic!("{id} should fail"));
+        assert_eq!(error.kind, CallErrorKind::Crashed, "{id}: {error:?}");
+        assert!(error.message.contains("exited with status 7"), "{}", error.message);
+        assert!(error.message.contains("worker going down"), "{}", error.message);
+    }
+}
+
+#[tokio::test]
+async fn beyond_concurrency_and_queue_the_pool_answers_503_with_retry_after() {
+    let pool = std::sync::Arc::new(Pool::start(&["--concurrency", "1", "--queue", "0"], &tool("hang")).await);
+    let busy_call = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.call("c-long", json!({"seconds": 600}), 3_000).await }
+    });
+    let body = json!({"id": "c-2", "arguments": {"seconds": 0}, "timeoutMs": 10_000});
+    let token = token_for(&pool_key(), RunKind::Call, "c-2");
+    // The long call takes the only slot as soon as the server has it; poll until then.
+    let mut refused = None;
+    for _ in 0..300 {
+        let (status, headers, text) = pool.post(Some(&token), &body).await;
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            refused = Some((headers, text));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (headers, text) = refused.expect("a call beyond the slot and the queue gets 503");
+    assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    assert!(text.contains("busy"), "{text}");
+    let long = busy_call.await.unwrap();
+    assert_eq!(long.result.error.map(|e| e.kind), Some(CallErrorKind::TimedOut));
+}

@@ -1,0 +1,149 @@
+//! Client of the gateway's internal API, as one run (call) sees it through its scoped token.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::{Method, StatusCode};
+use serde_json::{Map, Value};
+use toolyard_api::protocol::{CallResult, path};
+
+/// Attempts for each request (transient failures: connection errors, 5xx, 429).
+const ATTEMPTS: u32 = 4;
+/// Timeout of one request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a request to the internal API failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The gateway could not be reached (after retries).
+    #[error("cannot reach the gateway's internal API at {url}: {source}")]
+    Unreachable {
+        /// The URL.
+        url: String,
+        /// The transport error.
+        source: reqwest::Error,
+    },
+    /// The gateway answered with an error status.
+    #[error("the gateway's internal API refused {method} {path}: {status} {message}")]
+    Refused {
+        /// Method.
+        method: Method,
+        /// Path (no host, no token).
+        path: String,
+        /// Status.
+        status: StatusCode,
+        /// The error message of the answer.
+        message: String,
+    },
+    /// The answer could not be understood.
+    #[error("the gateway's internal API answered {path} with something unexpected: {0}", path = .1)]
+    BadAnswer(String, String),
+    /// The client could not be built.
+    #[error("cannot build an HTTP client: {0}")]
+    Client(reqwest::Error),
+}
+
+/// The internal API of one run.
+#[derive(Clone, Debug)]
+pub struct InternalApi {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl InternalApi {
+    /// A client for `base` (the gateway's internal URL) presenting `token`.
+    pub fn new(base: &str, token: String) -> Result<Self, ApiError> {
+        // The gateway is reached directly: a proxy from the tool's environment must not apply.
+        let mut builder =
+            reqwest::Client::builder().no_proxy().timeout(REQUEST_TIMEOUT).connect_timeout(Duration::from_secs(10));
+        if base.starts_with("http://") {
+            // Plain HTTP needs no trust store; loading the system's costs milliseconds per call.
+            builder = builder.tls_certs_only(Vec::new());
+        }
+        let http = builder.build().map_err(ApiError::Client)?;
+        Ok(Self { http, base: base.trim_end_matches('/').to_owned(), token })
+    }
+
+    /// The call's arguments.
+    pub async fn call_input(&self, id: &str) -> Result<Map<String, Value>, ApiError> {
+        let p = path::call_input(id);
+        let body = self.send(Method::GET, &p, None, "application/json").await?;
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(map)) => Ok(map),
+            Ok(_) => Err(ApiError::BadAnswer(p, "the input is not a JSON object".into())),
+            Err(e) => Err(ApiError::BadAnswer(p, format!("the input is not JSON: {e}"))),
+        }
+    }
+
+    /// Uploads one log stream (`stdout` or `stderr`).
+    pub async fn put_log(&self, id: &str, stream: &str, bytes: Vec<u8>) -> Result<(), ApiError> {
+        self.send(Method::PUT, &path::call_log(id, stream), Some(Bytes::from(bytes)), "text/plain; charset=utf-8")
+            .await
+            .map(drop)
+    }
+
+    /// Uploads the call's result.
+    pub async fn put_result(&self, id: &str, result: &CallResult) -> Result<(), ApiError> {
+        let body = serde_json::to_vec(result).map_err(|e| ApiError::BadAnswer(id.into(), e.to_string()))?;
+        self.send(Method::PUT, &path::call_result(id), Some(Bytes::from(body)), "application/json").await.map(drop)
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+        content_type: &str,
+    ) -> Result<Bytes, ApiError> {
+        let url = format!("{}{path}", self.base);
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            let mut request = self.http.request(method.clone(), &url).bearer_auth(&self.token);
+            if let Some(body) = &body {
+                request = request.header(reqwest::header::CONTENT_TYPE, content_type).body(body.clone());
+            }
+            let retry = match request.send().await {
+                Ok(response) if response.status().is_success() => {
+                    return response.bytes().await.map_err(|source| ApiError::Unreachable { url, source });
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    let text = response.text().await.unwrap_or_default();
+                    let error = ApiError::Refused {
+                        method: method.clone(),
+                        path: path.to_owned(),
+                        status,
+                        message: error_message(&text),
+                    };
+                    if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS) || attempt >= ATTEMPTS {
+                        return Err(error);
+                    }
+                    error
+                }
+                Err(source) => {
+                    let error = ApiError::Unreachable { url: url.clone(), source };
+                    if attempt >= ATTEMPTS {
+                        return Err(error);
+                    }
+                    error
+                }
+            };
+            tracing::warn!(%method, path, attempt, error = %retry, "internal API request failed; retrying");
+            tokio::time::sleep(delay).await;
+            delay *= 3;
+            attempt += 1;
+        }
+    }
+}
+
+/// The `error` field of a JSON error answer, or the (bounded) text.
+fn error_message(text: &str) -> String {
+    if let Ok(Value::Object(map)) = serde_json::from_str::<Value>(text)
+        && let Some(Value::String(message)) = map.get("error")
+    {
+        return message.clone();
+    }
+    crate::capture::truncate_chars(text.trim(), 512)
+}

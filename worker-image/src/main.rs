@@ -1,0 +1,64 @@
+//! `toolyard-runner`: parses the command line and runs a subcommand (see the library docs).
+
+use clap::{Parser, Subcommand};
+use toolyard_api::protocol::runner_exit;
+use toolyard_runner::{call, serve};
+
+/// Runs a tool command under the Toolyard runner protocol.
+#[derive(Parser, Debug)]
+#[command(name = "toolyard-runner", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one call: read the input from the gateway, run CMD once, upload logs and result.
+    Call(call::CallArgs),
+    /// Serve a warm pool: run calls posted by the gateway (fresh process or reused worker).
+    Serve(serve::ServeArgs),
+    /// Run a coding task's agent loop (not built yet).
+    Agent,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TOOLYARD_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,toolyard_runner=info")),
+        )
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("toolyard-runner: cannot start the async runtime: {e}");
+            std::process::exit(runner_exit::RUNNER_ERROR);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Call(args) => call::run(args).await,
+            Command::Serve(args) => match serve::run(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("toolyard-runner serve: {e:#}");
+                    runner_exit::RUNNER_ERROR
+                }
+            },
+            Command::Agent => {
+                eprintln!(
+                    "toolyard-runner agent: the coding agent is not built yet; it lands with the coding-task \
+                     issue (issue 6). Use `toolyard-runner call` or `serve`."
+                );
+                runner_exit::RUNNER_ERROR
+            }
+        }
+    });
+    // Do not wait for detached tasks (e.g. a stdin writer to a tool that never read it).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    std::process::exit(code);
+}

@@ -1,0 +1,232 @@
+//! A reused worker process: the tool command started once with `TOOLYARD_PROTOCOL=jsonl`,
+//! answering one request line per call (see `toolyard/run.py`).
+//!
+//! The worker owns its stdout for the protocol; what the function prints goes to its stderr,
+//! which is captured and handed out per call. A worker that dies, hangs past a call's
+//! deadline or breaks the protocol is killed with its process group and replaced.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use toolyard_api::protocol::{CallErrorKind, CallResult, env};
+
+use crate::capture::{Capture, Captured};
+use crate::child::{ProcessGroup, SCRUBBED_ENV, StopReason};
+use crate::outcome::{Exit, MAX_RESULT_BYTES, signal_name};
+
+/// Longest answer line accepted (the result plus its envelope).
+const MAX_LINE: u64 = MAX_RESULT_BYTES + 64 * 1024;
+
+/// A started worker process.
+#[derive(Debug)]
+pub struct Worker {
+    child: Child,
+    group: ProcessGroup,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr: Capture,
+}
+
+/// One answer line of the jsonl protocol.
+#[derive(Debug, Deserialize)]
+struct Answer {
+    #[serde(default)]
+    id: Option<String>,
+    ok: bool,
+    #[serde(default)]
+    result: Option<Value>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+/// What one call on a worker produced.
+#[derive(Debug)]
+pub struct WorkerCall {
+    /// The outcome.
+    pub result: CallResult,
+    /// What the function printed during the call.
+    pub stderr: Captured,
+    /// False when the worker must be replaced (it died, hung or broke the protocol).
+    pub reusable: bool,
+}
+
+impl Worker {
+    /// Starts the command and waits for its `{"ready": true}` line.
+    pub async fn start(argv: &[String], startup_timeout: Duration, log_limit: usize) -> Result<Self, String> {
+        let (program, args) = argv.split_first().ok_or("the tool command is empty")?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env(env::PROTOCOL, "jsonl")
+            .env_remove(env::RESULT_FILE)
+            .env_remove(env::ERROR_FILE)
+            .env_remove(env::TRACEPARENT);
+        for name in SCRUBBED_ENV {
+            command.env_remove(name);
+        }
+        let mut child = command.spawn().map_err(|e| format!("cannot start the worker command {program:?}: {e}"))?;
+        let group = ProcessGroup::new(child.id());
+        let (Some(stdin), Some(stdout), Some(stderr_pipe)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err("the worker's pipes are missing".into());
+        };
+        let stderr = Capture::new(log_limit);
+        tokio::spawn({
+            let stderr = stderr.clone();
+            async move { stderr.drain(stderr_pipe).await }
+        });
+        let mut worker = Self { child, group, stdin, stdout: BufReader::new(stdout), stderr };
+
+        let line = tokio::time::timeout(startup_timeout, worker.read_line()).await;
+        let failure = match line {
+            Err(_) => format!("the worker did not report ready within {}s", startup_timeout.as_secs()),
+            Ok(Err(e)) => worker.death_message(&e).await,
+            Ok(Ok(line)) => match serde_json::from_slice::<Value>(&line) {
+                Ok(v) if v.get("ready") == Some(&Value::Bool(true)) => {
+                    // Start-up output is not part of the first call's logs.
+                    let startup = worker.stderr.take();
+                    if !startup.bytes.is_empty() {
+                        tracing::debug!(bytes = startup.bytes.len(), "worker wrote to stderr while starting");
+                    }
+                    return Ok(worker);
+                }
+                Ok(v) => match v.get("error").and_then(Value::as_str) {
+                    Some(e) => format!("the worker could not start: {e}"),
+                    None => "the worker's first line was not {\"ready\": true}".into(),
+                },
+                Err(_) => {
+                    "the worker's first line was not protocol JSON (is the command a toolyard.run worker?)".into()
+                }
+            },
+        };
+        Err(failure)
+    }
+
+    /// True while the process runs.
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Runs one call; the worker must be dropped when the answer says it is not reusable.
+    pub async fn call(&mut self, id: &str, arguments: &Map<String, Value>, timeout: Duration) -> WorkerCall {
+        let started = Instant::now();
+        let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.stderr.take();
+        let exchange = async {
+            let mut line = serde_json::to_vec(&json!({"id": id, "arguments": arguments})).map_err(|e| e.to_string())?;
+            line.push(b'\n');
+            self.stdin.write_all(&line).await.map_err(|e| format!("cannot write to the worker: {e}"))?;
+            self.stdin.flush().await.map_err(|e| format!("cannot write to the worker: {e}"))?;
+            self.read_line().await
+        };
+        let answer = tokio::time::timeout(timeout, exchange).await;
+        let (result, reusable) = match answer {
+            Err(_) => {
+                self.group.kill();
+                (CallResult::err(CallErrorKind::TimedOut, StopReason::Deadline(timeout).message(), None, ms()), false)
+            }
+            Ok(Err(e)) => {
+                let message = self.death_message(&e).await;
+                (CallResult::err(CallErrorKind::Crashed, message, None, ms()), false)
+            }
+            Ok(Ok(line)) => match serde_json::from_slice::<Answer>(&line) {
+                Ok(answer) if answer.id.as_deref() == Some(id) => (answer_result(answer, ms()), true),
+                Ok(answer) if answer.kind.as_deref() == Some("protocol") => {
+                    let message = format!("worker protocol error: {}", answer.error.unwrap_or_default());
+                    (CallResult::err(CallErrorKind::ToolError, message, None, ms()), false)
+                }
+                _ => {
+                    let message = "the worker answered with a line that is not a protocol answer for this call";
+                    (CallResult::err(CallErrorKind::BadResult, message, None, ms()), false)
+                }
+            },
+        };
+        if !reusable {
+            self.group.kill();
+        }
+        // Give the stderr reader a moment to catch what was printed just before the answer.
+        tokio::task::yield_now().await;
+        WorkerCall { result, stderr: self.stderr.take(), reusable }
+    }
+
+    /// Reads one line (without the newline), bounded by [`MAX_LINE`].
+    async fn read_line(&mut self) -> Result<Vec<u8>, String> {
+        let mut line = Vec::new();
+        let n = (&mut self.stdout)
+            .take(MAX_LINE)
+            .read_until(b'\n', &mut line)
+            .await
+            .map_err(|e| format!("cannot read from the worker: {e}"))?;
+        if n == 0 {
+            return Err("the worker closed its output".into());
+        }
+        if line.last() != Some(&b'\n') {
+            return Err(if n as u64 >= MAX_LINE {
+                format!("the worker's answer is longer than {MAX_LINE} bytes")
+            } else {
+                "the worker closed its output in the middle of a line".into()
+            });
+        }
+        line.pop();
+        Ok(line)
+    }
+
+    /// Why the worker stopped answering: its exit status if it ended, else `fallback`.
+    async fn death_message(&mut self, fallback: &str) -> String {
+        self.group.kill();
+        let status = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
+        let how = match status {
+            Ok(Ok(status)) => match Exit::from_status(status) {
+                Exit::Code(code) => format!("the worker process exited with status {code}"),
+                Exit::Signal(signal) => format!("the worker process was killed by signal {}", signal_name(signal)),
+            },
+            _ => fallback.to_owned(),
+        };
+        match self.stderr.take().last_line() {
+            Some(line) => format!("{how}; last line of its stderr: {line}"),
+            None => how,
+        }
+    }
+}
+
+fn answer_result(answer: Answer, ms: u64) -> CallResult {
+    if answer.ok {
+        return CallResult::ok(answer.result.unwrap_or(Value::Null), ms);
+    }
+    let kind = match answer.kind.as_deref() {
+        Some("invalid_arguments") => CallErrorKind::InvalidArguments,
+        Some("bad_result") => CallErrorKind::BadResult,
+        _ => CallErrorKind::ToolError,
+    };
+    CallResult::err(kind, answer.error.unwrap_or_else(|| "the tool failed without a message".into()), None, ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_kinds_map_to_error_kinds() {
+        let a: Answer =
+            serde_json::from_str(r#"{"id":"1","ok":false,"kind":"invalid_arguments","error":"spot: missing"}"#)
+                .unwrap();
+        let r = answer_result(a, 1);
+        assert_eq!(r.error.unwrap().kind, CallErrorKind::InvalidArguments);
+        let a: Answer = serde_json::from_str(r#"{"id":"1","ok":true,"result":{"x":1}}"#).unwrap();
+        assert_eq!(answer_result(a, 1).value, Some(json!({"x": 1})));
+        let a: Answer =
+            serde_json::from_str(r#"{"id":"1","ok":false,"kind":"error","error":"RuntimeError: x"}"#).unwrap();
+        assert_eq!(answer_result(a, 1).error.unwrap().kind, CallErrorKind::ToolError);
+    }
+}
