@@ -88,7 +88,7 @@ async fn only_the_gateway_creates_runs_owned_by_someone_else() {
         )
         .await
         .unwrap();
-    grant_create_toolcalls(&env, &ns).await;
+    grant_create_toolcalls(env, &ns).await;
 
     let release = format!("adm-{label}");
     let manifest = render_policy(env, &release, &label);
