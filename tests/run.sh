@@ -50,7 +50,7 @@ trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN"' EXIT
 tests/cluster/cluster.sh start
 
 step "Rust tests"
-cargo test --workspace --quiet
+cargo test --workspace --quiet --no-fail-fast
 
 step "Python tests"
 "$VENV/bin/python" -m pytest -q worker-image/python/tests examples/pricing/tests

@@ -32,6 +32,7 @@ fn render_policy(env: &TestEnv, release: &str, label: &str) -> String {
             "toolyard-system",
         ])
         .args(["--kube-version", "1.34.4", "--show-only", "templates/admission/owner-policy.yaml"])
+        .args(["-f", repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8 path")])
         .args(["--set", "admission.enabled=true", "--set", "admission.trustedUsers={toolyard-gateway}"])
         .args(["--set", &format!("admission.namespaceSelector.matchLabels.toolyard-test-admission={label}")])
         .output()
