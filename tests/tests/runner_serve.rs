@@ -162,13 +162,25 @@ async fn a_worker_that_dies_mid_call_is_a_crash_and_is_replaced() {
 #[tokio::test]
 async fn beyond_concurrency_and_queue_the_pool_answers_503_with_retry_after() {
     let pool = std::sync::Arc::new(Pool::start(&["--concurrency", "1", "--queue", "0"], &tool("hang")).await);
+    // The long call must hold the only slot. A probe can win the slot first (it finishes at
+    // once), and then the long call is refused: it simply tries again until it is admitted.
     let busy_call = tokio::spawn({
         let pool = pool.clone();
-        async move { pool.call("c-long", json!({"seconds": 600}), 3_000).await }
+        async move {
+            let request = json!({"id": "c-long", "arguments": {"seconds": 600}, "timeoutMs": 3_000});
+            let token = token_for(&pool_key(), RunKind::Call, "c-long");
+            loop {
+                let (status, _, body) = pool.post(Some(&token), &request).await;
+                if status == StatusCode::OK {
+                    return serde_json::from_str::<PoolCallResponse>(&body).expect("a pool answer");
+                }
+                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     });
     let body = json!({"id": "c-2", "arguments": {"seconds": 0}, "timeoutMs": 10_000});
     let token = token_for(&pool_key(), RunKind::Call, "c-2");
-    // The long call takes the only slot as soon as the server has it; poll until then.
     let mut refused = None;
     for _ in 0..300 {
         let (status, headers, text) = pool.post(Some(&token), &body).await;
