@@ -7,7 +7,8 @@ use serde_json::{Map, Value};
 
 use crate::codingtask::{Budgets, TaskType};
 
-/// Paths of the task routes of the internal API (see also [`crate::protocol::path`]).
+/// Paths of the task routes of the internal API (events and `outputs/<name>` are in
+/// [`crate::protocol::path`]).
 pub mod path {
     use crate::protocol::path::PREFIX;
 
@@ -112,6 +113,9 @@ pub struct ToolOutcome {
     /// Text: the error message on failure.
     #[serde(default)]
     pub text: String,
+    /// Id of the call that ran (its ToolCall name, or its `calls/<id>` folder), when one ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
 }
 
 /// An artifact as listed from storage.

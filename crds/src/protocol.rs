@@ -136,13 +136,10 @@ pub mod path {
     pub fn events(kind: &str, id: &str) -> String {
         format!("{PREFIX}/{kind}/{id}/events")
     }
-    /// `PUT` / `GET`: a task's artifact under `outputs/`.
+    /// `PUT` / `GET`: a task's artifact under `outputs/`. The other task routes are in
+    /// [`crate::agent::path`].
     pub fn task_output(id: &str, artifact: &str) -> String {
         format!("{PREFIX}/tasks/{id}/outputs/{artifact}")
-    }
-    /// `POST`: call a tool as the task's owner.
-    pub fn task_tool_call(id: &str, tool: &str) -> String {
-        format!("{PREFIX}/tasks/{id}/tools/{tool}/call")
     }
 }
 

@@ -11,6 +11,7 @@
 //! | [`store::ArtifactStore`] | S3 | a local folder |
 //! | [`authz::Authorizer`] | SubjectAccessReview | a static policy file |
 //! | [`auth::Authenticator`] | API keys, OIDC JWTs, TokenReview | a generated local token |
+//! | [`tasks::TaskBackend`] | CodingTask objects run by the controller | `toolyard-runner agent` child processes |
 
 pub mod app;
 pub mod auth;
@@ -29,6 +30,7 @@ pub mod serve;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod tasks;
 pub mod tls;
 
 pub use error::{Error, Result};

@@ -2,7 +2,8 @@
 //!
 //! Three listeners: the public MCP endpoint (TLS unless `--plain-http`), the internal runner
 //! API (reachable only from runner pods), and ops (`/metrics`, `/healthz`, `/readyz`).
-//! Tools come from McpTool objects, calls become ToolCalls, files go to S3 (or a folder),
+//! Tools come from McpTool objects, calls become ToolCalls, coding tasks CodingTasks (in
+//! `--task-namespace`), files go to S3 (or a folder),
 //! callers are authenticated by [`crate::auth`] and authorized by [`crate::authz`].
 
 use std::path::PathBuf;
@@ -28,6 +29,8 @@ use crate::state::{AppState, Settings, loopback_hosts};
 use crate::store::ArtifactStore;
 use crate::store::fs::FsStore;
 use crate::store::s3::{S3Settings, S3Store};
+use crate::tasks::TaskBackend;
+use crate::tasks::kube::KubeTasks;
 use crate::tls::TlsArgs;
 
 /// Flags of `serve` (every flag has a `TOOLYARD_*` environment fallback).
@@ -46,6 +49,10 @@ pub struct ServeArgs {
     /// The gateway's own namespace (for Secrets named without a namespace).
     #[arg(long, env = "TOOLYARD_POD_NAMESPACE", default_value = "toolyard")]
     pub gateway_namespace: String,
+    /// Namespace where coding tasks (CodingTask objects) are created; the controller must watch
+    /// it. Default: the served namespace when there is exactly one, else the gateway's own.
+    #[arg(long, env = "TOOLYARD_TASK_NAMESPACE")]
+    pub task_namespace: Option<String>,
     /// Public base URL of the gateway (`https://toolyard.example.com`), used in the OAuth
     /// protected resource metadata. Without it the request's Host header is used.
     #[arg(long, env = "TOOLYARD_PUBLIC_URL")]
@@ -203,6 +210,19 @@ pub fn allowed_hosts(list: &[String]) -> Vec<String> {
     }
 }
 
+impl ServeArgs {
+    /// The namespace coding tasks are created in (see `--task-namespace`).
+    pub fn task_namespace(&self) -> String {
+        if let Some(ns) = self.task_namespace.as_deref().map(str::trim).filter(|ns| !ns.is_empty()) {
+            return ns.to_owned();
+        }
+        match Namespaces::from_list(&self.namespaces) {
+            Namespaces::Only(names) if names.len() == 1 => names[0].clone(),
+            _ => self.gateway_namespace.clone(),
+        }
+    }
+}
+
 /// Runs the gateway until SIGTERM/SIGINT.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::logging::init(args.log_format);
@@ -267,7 +287,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         limits: args.limits.settings(),
         ..Settings::default()
     };
-    let state = AppState::new(Arc::new(catalog), Arc::new(executor), store.clone(), authorizer, settings)
+    let catalog = Arc::new(catalog);
+    let executor = Arc::new(executor);
+    let task_namespace = args.task_namespace();
+    let tasks: Arc<dyn TaskBackend> = Arc::new(KubeTasks::start(
+        client.clone(),
+        &task_namespace,
+        store.clone(),
+        Duration::from_secs(args.kube_timeout_seconds.max(1)),
+        background.clone(),
+    ));
+    tracing::info!(namespace = %task_namespace, "coding tasks are created in this namespace");
+    let task_api = crate::internal::TaskApi {
+        backend: tasks.clone(),
+        catalog: catalog.clone(),
+        authorizer: authorizer.clone(),
+        executor: executor.clone(),
+    };
+    let state = AppState::new(catalog, executor, store.clone(), authorizer, settings)
+        .with_tasks(tasks)
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
 
@@ -276,6 +314,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let internal = crate::internal::router(
         InternalState::new(store, signing_key)
             .with_recorder(Arc::new(KubeResultRecorder::new(client)))
+            .with_tasks(task_api)
             .with_limits(args.internal.limits()),
     );
 
@@ -356,6 +395,11 @@ mod tests {
         assert!(cli.serve.storage.s3_path_style);
         assert!(cli.serve.tls.plain_http);
         assert!(Cli::try_parse_from(["x", "--storage-dir", "/d", "--s3-bucket", "b"]).is_err(), "one store only");
+        assert_eq!(cli.serve.task_namespace(), "toolyard", "several served namespaces: the gateway's own");
+        let one = Cli::try_parse_from(["x", "--namespaces", "team"]).unwrap();
+        assert_eq!(one.serve.task_namespace(), "team");
+        let set = Cli::try_parse_from(["x", "--namespaces", "team", "--task-namespace", "tasks"]).unwrap();
+        assert_eq!(set.serve.task_namespace(), "tasks");
     }
 
     #[test]

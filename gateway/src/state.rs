@@ -1,6 +1,7 @@
-//! The state shared by every request: the four backends (as traits), limits, metrics and
-//! settings. The Kubernetes mode and the embedded local mode build the same [`AppState`]
-//! with different implementations and serve it with the same [`crate::app::app`].
+//! The state shared by every request: the backends (as traits: catalog, executor, store,
+//! authorizer, coding tasks), limits, metrics and settings. The Kubernetes mode and the
+//! embedded local mode build the same [`AppState`] with different implementations and serve
+//! it with the same [`crate::app::app`].
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +12,10 @@ use crate::authz::Authorizer;
 use crate::catalog::ToolCatalog;
 use crate::executor::Executor;
 use crate::limits::{LimitSettings, Limits};
+use crate::mcp::cancel::CancelRegistry;
 use crate::metrics::Metrics;
 use crate::store::ArtifactStore;
+use crate::tasks::TaskBackend;
 
 /// Settings of the HTTP/MCP layer.
 #[derive(Clone, Debug)]
@@ -65,6 +68,10 @@ pub struct AppState {
     pub store: Arc<dyn ArtifactStore>,
     /// Who may call what.
     pub authorizer: Arc<dyn Authorizer>,
+    /// Where coding tasks run (`None`: no task tools).
+    pub tasks: Option<Arc<dyn TaskBackend>>,
+    /// Tool calls this process waits on, for `notifications/cancelled`.
+    pub cancels: Arc<CancelRegistry>,
     /// Admission state.
     pub limits: Arc<Limits>,
     /// Metrics registry.
@@ -96,6 +103,8 @@ impl AppState {
             executor,
             store,
             authorizer,
+            tasks: None,
+            cancels: Arc::new(CancelRegistry::default()),
             limits: Arc::new(Limits::new(settings.limits.clone())),
             metrics: Arc::new(Metrics::new()),
             settings: Arc::new(settings),
@@ -107,6 +116,12 @@ impl AppState {
     /// The same state with the given metrics (to share a registry with other parts).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// The same state with coding tasks run by `backend`.
+    pub fn with_tasks(mut self, backend: Arc<dyn TaskBackend>) -> Self {
+        self.tasks = Some(backend);
         self
     }
 

@@ -20,6 +20,7 @@ use tokio::sync::OnceCell;
 
 pub mod fixtures;
 pub mod local;
+pub mod model_server;
 pub mod process_node;
 pub mod s3;
 

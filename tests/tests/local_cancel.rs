@@ -83,6 +83,7 @@ async fn a_cancelled_call_stops_the_runner_the_tool_and_its_child() {
         traceparent: None,
         parent_task: None,
         cancel: cancel.clone(),
+        cancel_key: None,
     };
     let call = tokio::spawn(async move { executor.call(request).await });
     let mut tree = None;

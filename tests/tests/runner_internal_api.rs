@@ -289,7 +289,7 @@ async fn traversal_and_odd_artifact_names_are_refused() {
 }
 
 #[tokio::test]
-async fn bodies_above_their_cap_get_413_and_unbuilt_task_routes_say_so() {
+async fn bodies_above_their_cap_get_413_and_task_routes_without_a_backend_say_so() {
     let api = Api::start().await;
     let t = token(RunKind::Call, "call-a", alice());
     let (status, body) =
@@ -309,12 +309,13 @@ async fn bodies_above_their_cap_get_413_and_unbuilt_task_routes_say_so() {
     let (status, _) = api.send(Method::PUT, &path::call_log("call-a", "secrets"), Some(&t), Some(vec![])).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
+    // This gateway has no task backend: the coding-task routes say so.
     for (method, p) in [
         (Method::GET, toolyard_api::agent::path::spec("task-1")),
-        (Method::POST, path::task_tool_call("task-1", "price_option")),
+        (Method::POST, toolyard_api::agent::path::tool_call("task-1", "price_option")),
     ] {
         let (status, body) = api.send(method, &p, Some(&task), Some(b"{}".to_vec())).await;
-        assert_eq!(status, StatusCode::NOT_IMPLEMENTED, "{p}");
-        assert!(body.contains("issue 6"), "{body}");
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{p}");
+        assert!(body.contains("coding tasks are not configured"), "{body}");
     }
 }

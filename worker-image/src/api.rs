@@ -1,4 +1,7 @@
-//! Client of the gateway's internal API, as one run (call) sees it through its scoped token.
+//! Client of the gateway's internal API, as one run (call or task) sees it through its scoped
+//! token. The coding-task routes are in [`tasks`].
+
+mod tasks;
 
 use std::time::Duration;
 
@@ -9,6 +12,8 @@ use toolyard_api::protocol::{CallResult, path};
 
 /// Attempts for each request (transient failures: connection errors, 5xx, 429).
 const ATTEMPTS: u32 = 4;
+/// Longest wait between two attempts.
+const MAX_DELAY: Duration = Duration::from_secs(5);
 /// Timeout of one request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -49,6 +54,7 @@ pub struct InternalApi {
     http: reqwest::Client,
     base: String,
     token: String,
+    attempts: u32,
 }
 
 impl InternalApi {
@@ -62,7 +68,14 @@ impl InternalApi {
             builder = builder.tls_certs_only(Vec::new());
         }
         let http = builder.build().map_err(ApiError::Client)?;
-        Ok(Self { http, base: base.trim_end_matches('/').to_owned(), token })
+        Ok(Self { http, base: base.trim_end_matches('/').to_owned(), token, attempts: ATTEMPTS })
+    }
+
+    /// The same client trying each request up to `attempts` times (waits grow from 0.1 s to
+    /// at most 5 s): a coding task rides out a gateway restart this way.
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts.max(1);
+        self
     }
 
     /// The call's arguments.
@@ -89,7 +102,7 @@ impl InternalApi {
         self.send(Method::PUT, &path::call_result(id), Some(Bytes::from(body)), "application/json").await.map(drop)
     }
 
-    async fn send(
+    pub(crate) async fn send(
         &self,
         method: Method,
         path: &str,
@@ -117,14 +130,16 @@ impl InternalApi {
                         status,
                         message: error_message(&text),
                     };
-                    if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS) || attempt >= ATTEMPTS {
+                    if !(status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS)
+                        || attempt >= self.attempts
+                    {
                         return Err(error);
                     }
                     error
                 }
                 Err(source) => {
                     let error = ApiError::Unreachable { url: url.clone(), source };
-                    if attempt >= ATTEMPTS {
+                    if attempt >= self.attempts {
                         return Err(error);
                     }
                     error
@@ -132,7 +147,7 @@ impl InternalApi {
             };
             tracing::warn!(%method, path, attempt, error = %retry, "internal API request failed; retrying");
             tokio::time::sleep(delay).await;
-            delay *= 3;
+            delay = (delay * 3).min(MAX_DELAY);
             attempt += 1;
         }
     }

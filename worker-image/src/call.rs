@@ -12,7 +12,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env, runner_exit};
 
 use crate::api::InternalApi;
 use crate::capture::{DEFAULT_LOG_LIMIT, truncate_chars};
-use crate::child::{self, RunSpec, StopReason};
+use crate::child::{self, RunSpec, StopReason, ToolCommand};
 
 /// Where Kubernetes reads a container's termination message.
 const POD_TERMINATION_LOG: &str = "/dev/termination-log";
@@ -83,8 +83,13 @@ async fn call(args: CallArgs) -> Result<(i32, String), String> {
     let stdin = serde_json::to_vec(&input).map_err(|e| e.to_string())?;
     tracing::debug!(call = %id, "tool started");
 
-    let spec =
-        RunSpec { argv: args.command, stdin, traceparent: args.traceparent, log_limit: args.log_limit, kill_grace };
+    let spec = RunSpec {
+        command: ToolCommand::new(args.command),
+        stdin,
+        traceparent: args.traceparent,
+        log_limit: args.log_limit,
+        kill_grace,
+    };
     let output = child::run_once(spec, signals.stop(timeout)).await;
     let result = output.result;
 

@@ -4,14 +4,16 @@
 //!   from the gateway's internal API, CMD run once ([`child`]), logs and result uploaded.
 //! - `serve -- CMD...` ([`serve`]): the Pool-mode HTTP server of a warm pod, with a fresh
 //!   process per call or reused JSON-lines workers.
-//! - `agent`: the coding agent (lands with the coding-task issue).
+//! - `agent` ([`agent`]): the code agent of one coding task: model → Python code run in a
+//!   persistent interpreter whose tool stubs call back through the gateway → observations.
 //!
 //! The tool command never sees the runner's credentials; its outcome is classified by
 //! [`outcome`] with the exit codes of the Python function runner `toolyard.run`.
 
+pub mod agent;
 pub mod api;
 pub mod call;
-pub mod capture;
-pub mod child;
-pub mod outcome;
 pub mod serve;
+
+// Tool processes live in the `toolyard-process` crate, shared with the gateway's local mode.
+pub use toolyard_process::{capture, child, outcome};

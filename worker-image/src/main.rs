@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use toolyard_api::protocol::runner_exit;
-use toolyard_runner::{call, serve};
+use toolyard_runner::{agent, call, serve};
 
 /// Runs a tool command under the Toolyard runner protocol.
 #[derive(Parser, Debug)]
@@ -18,8 +18,8 @@ enum Command {
     Call(call::CallArgs),
     /// Serve a warm pool: run calls posted by the gateway (fresh process or reused worker).
     Serve(serve::ServeArgs),
-    /// Run a coding task's agent loop (not built yet).
-    Agent,
+    /// Run a coding task's agent: model -> Python code -> tools through the gateway -> result.
+    Agent(agent::AgentArgs),
 }
 
 fn main() {
@@ -49,13 +49,7 @@ fn main() {
                     runner_exit::RUNNER_ERROR
                 }
             },
-            Command::Agent => {
-                eprintln!(
-                    "toolyard-runner agent: the coding agent is not built yet; it lands with the coding-task \
-                     issue (issue 6). Use `toolyard-runner call` or `serve`."
-                );
-                runner_exit::RUNNER_ERROR
-            }
+            Command::Agent(args) => agent::main(args).await,
         }
     });
     // Do not wait for detached tasks (e.g. a stdin writer to a tool that never read it).

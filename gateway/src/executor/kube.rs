@@ -46,6 +46,9 @@ use crate::{Error, Result};
 pub const TRACEPARENT_ANNOTATION: &str = "toolyard.dev/traceparent";
 /// Label with the owner key (a hash; never the raw user name).
 pub const OWNER_LABEL: &str = "toolyard.dev/owner";
+/// Label with the hash of the caller's owner key and MCP request id: how any replica finds the
+/// ToolCall a `notifications/cancelled` names.
+pub const CANCEL_KEY_LABEL: &str = "toolyard.dev/cancel-key";
 /// Standard label naming the creator.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
@@ -158,6 +161,7 @@ pub struct KubeExecutor {
     pool: PoolClient,
     signing_key: Option<SigningKey>,
     settings: KubeExecutorSettings,
+    namespaces: Namespaces,
 }
 
 impl std::fmt::Debug for KubeExecutor {
@@ -205,7 +209,7 @@ impl KubeExecutor {
                 }
             });
         }
-        Self { client, store, waiters, pool, signing_key, settings }
+        Self { client, store, waiters, pool, signing_key, settings, namespaces: namespaces.clone() }
     }
 
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
@@ -345,6 +349,28 @@ impl Executor for KubeExecutor {
             ExecutionMode::Pool => self.call_pool(request).await,
         }
     }
+
+    /// Finds the caller's unfinished ToolCalls labelled with `cancel_key` in the served
+    /// namespaces and sets `spec.cancelRequested` on each. Pool calls have no ToolCall: they
+    /// stop only through the replica that runs them.
+    async fn cancel_by_key(&self, owner: &OwnerKey, cancel_key: &str) -> Result<usize> {
+        let selector = format!("{OWNER_LABEL}={owner},{CANCEL_KEY_LABEL}={cancel_key}");
+        let params = kube::api::ListParams::default().labels(&selector);
+        let mut asked = 0;
+        for api in self.namespaces.apis::<ToolCall>(&self.client) {
+            let calls = self.with_timeout(api.list(&params)).await?;
+            for call in calls.items {
+                if call.spec.cancel_requested || finished_condition(&call).is_some() || call.spec.owner.key() != *owner
+                {
+                    continue;
+                }
+                let ns = call.namespace().unwrap_or_default();
+                request_cancel(&Api::namespaced(self.client.clone(), &ns), &call.name_any()).await;
+                asked += 1;
+            }
+        }
+        Ok(asked)
+    }
 }
 
 /// The ToolCall for `request`.
@@ -353,10 +379,13 @@ fn tool_call_object(request: &CallRequest, owner: &OwnerKey, size_bytes: i64, ti
     if let Some(tp) = &request.traceparent {
         annotations.insert(TRACEPARENT_ANNOTATION.to_owned(), tp.clone());
     }
-    let labels = std::collections::BTreeMap::from([
+    let mut labels = std::collections::BTreeMap::from([
         (MANAGED_BY_LABEL.to_owned(), GATEWAY_MANAGER.to_owned()),
         (OWNER_LABEL.to_owned(), owner.to_string()),
     ]);
+    if let Some(key) = &request.cancel_key {
+        labels.insert(CANCEL_KEY_LABEL.to_owned(), key.clone());
+    }
     ToolCall {
         metadata: ObjectMeta {
             name: Some(request.id.to_string()),

@@ -1,6 +1,7 @@
 //! [`Executor`] for the embedded local mode: each Job-mode call is a `toolyard-runner call`
 //! child process (in its own process group, with the same environment contract as a Job
-//! pod), each Pool-mode call goes to the tool's warm local `toolyard-runner serve` process.
+//! pod), each Pool-mode call runs on the tool's warm [`WorkerPool`] in this process
+//! ([`crate::local::workers`]), its input, result and logs stored as a Job call's.
 //!
 //! Job calls: the input is stored, a call token is minted with the master key, the runner
 //! fetches the input and uploads logs and result through the local internal API, and
@@ -26,8 +27,9 @@ use toolyard_api::mcptool::ExecutionMode;
 use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use toolyard_api::storage::{CallFile, RunId};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
+use toolyard_process::pool::{PoolCall, Readiness, Refused};
 
-use super::pool::{PoolClient, PoolTarget, call_file, run_pool_call};
+use super::pool::{call_file, store_outcome};
 use super::{CallRequest, Executor, ResultRecorder};
 use crate::catalog::Tool;
 use crate::local::workers::WarmPools;
@@ -92,15 +94,22 @@ impl LaunchSettings {
     }
 }
 
+/// Variables of the gateway's environment that its tool processes must not inherit: every
+/// `TOOLYARD_*` variable (the local token, key paths, settings) and `TRACEPARENT`.
+pub fn gateway_only_env() -> Vec<String> {
+    std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| name.starts_with("TOOLYARD_") || name == env::TRACEPARENT)
+        .collect()
+}
+
 /// A command for a runner process of `launch`: its own process group, the gateway's
-/// environment without any `TOOLYARD_*` variable (the local token, key paths), plus the tool's.
+/// environment without [`gateway_only_env`], plus the tool's.
 pub fn runner_command(runner: &Path, launch: &Launch) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(runner);
     command.current_dir(&launch.cwd).process_group(0).stdin(Stdio::null());
-    for (name, _) in std::env::vars_os() {
-        if name.to_string_lossy().starts_with("TOOLYARD_") || name == env::TRACEPARENT {
-            command.env_remove(name);
-        }
+    for name in gateway_only_env() {
+        command.env_remove(name);
     }
     command.envs(launch.env.iter().map(|(k, v)| (k, v)));
     command
@@ -143,7 +152,6 @@ pub struct LocalExecutor {
     results: Arc<LocalResults>,
     slots: Arc<Semaphore>,
     pools: Arc<WarmPools>,
-    pool_client: PoolClient,
 }
 
 impl std::fmt::Debug for LocalExecutor {
@@ -163,33 +171,48 @@ impl LocalExecutor {
         pools: Arc<WarmPools>,
         max_concurrent_calls: usize,
     ) -> Result<Self> {
-        Ok(Self {
-            settings,
-            key,
-            store,
-            results,
-            slots: Arc::new(Semaphore::new(max_concurrent_calls.max(1))),
-            pools,
-            pool_client: PoolClient::new(Duration::from_secs(5))?,
-        })
+        Ok(Self { settings, key, store, results, slots: Arc::new(Semaphore::new(max_concurrent_calls.max(1))), pools })
     }
 
+    /// A Pool-mode call on the tool's warm pool in this process: the input is stored, the
+    /// call runs (bounded by the tool's timeout; a call that must first start a worker is
+    /// bounded by the timeout plus a grace), and its result and logs are stored before the
+    /// result is returned, as for a call on a Kubernetes pool.
     async fn call_pool(&self, request: CallRequest) -> Result<CallResult> {
-        let name = request.tool.object_name.clone();
-        let pool = self.pools.get(&name).ok_or_else(|| Error::Internal(format!("no warm workers for tool {name}")))?;
-        let endpoint = pool.endpoint().ok_or_else(|| {
-            Error::Unavailable(format!(
-                "the warm workers of tool {} are not running; see the gateway log",
+        let name = &request.tool.object_name;
+        let pool = self.pools.get(name).ok_or_else(|| Error::Internal(format!("no warm workers for tool {name}")))?;
+        if pool.readiness() == Readiness::Starting {
+            return Err(Error::Unavailable(format!(
+                "the warm workers of tool {} are still starting; try again shortly",
                 request.tool.name()
-            ))
-        })?;
-        let target = PoolTarget {
-            endpoint: &endpoint,
-            key: pool.key(),
-            namespace: "",
-            grace: self.settings.kill_grace + Duration::from_secs(5),
+            )));
+        }
+        let owner = request.caller.owner_key();
+        let id = request.id.as_str();
+        let timeout =
+            Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
+        let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
+        self.store.put(&owner, &call_file(id, CallFile::Input), Bytes::from(input)).await?;
+
+        let call = PoolCall { id, arguments: &request.arguments, timeout, traceparent: request.traceparent.as_deref() };
+        let started = std::time::Instant::now();
+        let limit = timeout + self.settings.kill_grace + Duration::from_secs(5);
+        let outcome = tokio::select! {
+            () = request.cancel.cancelled() => None,
+            r = tokio::time::timeout(limit, pool.call(call)) => Some(r),
         };
-        run_pool_call(&self.pool_client, self.store.as_ref(), target, request).await
+        let (result, stdout, stderr) = match outcome {
+            None => (cancelled(ms(started.elapsed())), None, None),
+            Some(Ok(Ok(output))) => (output.result, Some(output.stdout.into_text()), Some(output.stderr.into_text())),
+            Some(Ok(Err(Refused::Busy))) => return Err(Error::Busy("the tool's warm pool is at capacity".into())),
+            Some(Ok(Err(Refused::Closed))) => return Err(Error::Unavailable("shutting down".into())),
+            Some(Err(_)) => {
+                let message = format!("timed out after {}s", timeout.as_secs());
+                (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)
+            }
+        };
+        store_outcome(self.store.as_ref(), &owner, id, &result, stdout, stderr).await;
+        Ok(result)
     }
 
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {

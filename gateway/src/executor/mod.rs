@@ -33,6 +33,10 @@ pub struct CallRequest {
     pub parent_task: Option<RunId>,
     /// Cancelled when the client cancels or disconnects: the executor stops the run.
     pub cancel: CancellationToken,
+    /// Hash of the caller's owner key and the MCP request id ([`crate::mcp::cancel::cancel_key`]):
+    /// recorded with the run so that a `notifications/cancelled` arriving at any replica can
+    /// find it ([`Executor::cancel_by_key`]). `None` for calls no MCP request names.
+    pub cancel_key: Option<String>,
 }
 
 /// Runs tool calls.
@@ -43,6 +47,15 @@ pub trait Executor: Send + Sync + 'static {
     /// Tool failures (non-zero exit, invalid result, timeout) are `Ok` with an error
     /// [`CallResult`]; `Err` is for failures of the platform itself.
     async fn call(&self, request: CallRequest) -> crate::Result<CallResult>;
+
+    /// Cancels the runs of `owner` recorded with `cancel_key` wherever they were started (any
+    /// replica); returns how many were asked to stop. Runs waited on in this process are also
+    /// cancelled through their [`CallRequest::cancel`] token, so executors whose runs live only
+    /// in one process need nothing here.
+    async fn cancel_by_key(&self, owner: &OwnerKey, cancel_key: &str) -> crate::Result<usize> {
+        let _ = (owner, cancel_key);
+        Ok(0)
+    }
 }
 
 /// Records a call's result where the platform keeps run state (the ToolCall's `status.result`

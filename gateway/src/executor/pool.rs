@@ -198,7 +198,7 @@ pub async fn run_pool_call(
 }
 
 /// Stores the result and logs; failures are logged (the caller already has the result).
-async fn store_outcome(
+pub(crate) async fn store_outcome(
     store: &dyn ArtifactStore,
     owner: &toolyard_api::OwnerKey,
     id: &str,

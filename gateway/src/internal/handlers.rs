@@ -32,7 +32,7 @@ fn task_path(owner: &OwnerKey, id: &RunId, file: &TaskFile) -> String {
 }
 
 /// Reads a body of at most `limit` bytes (413 beyond, checked on the declared length first).
-async fn read_body(headers: &HeaderMap, body: Body, limit: usize, what: &str) -> Result<Bytes, ApiError> {
+pub(super) async fn read_body(headers: &HeaderMap, body: Body, limit: usize, what: &str) -> Result<Bytes, ApiError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
@@ -196,28 +196,6 @@ pub async fn get_task_output(
         .await?
         .ok_or_else(|| ApiError::not_found("no such artifact"))?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
-}
-
-/// `GET tasks/{id}/spec`: not built yet.
-pub async fn task_spec(claims: RunClaims, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    claims.require(RunKind::Task, &id)?;
-    Err(not_implemented("reading a task's spec"))
-}
-
-/// `POST tasks/{id}/tools/{tool}/call`: not built yet.
-pub async fn task_tool_call(
-    claims: RunClaims,
-    Path((id, _tool)): Path<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    claims.require(RunKind::Task, &id)?;
-    Err(not_implemented("calling a tool from a coding task"))
-}
-
-fn not_implemented(what: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        format!("{what} is not available yet: it lands with coding tasks (issue 6)"),
-    )
 }
 
 /// Any other path.

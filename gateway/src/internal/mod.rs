@@ -9,9 +9,15 @@
 //! POST /internal/v1/tasks/{id}/events           the same for a coding task
 //! PUT  /internal/v1/tasks/{id}/outputs/{*path}  a task artifact (validated relative path)
 //! GET  /internal/v1/tasks/{id}/outputs/{*path}  read it back
-//! GET  /internal/v1/tasks/{id}/spec             501 until the coding agent lands
-//! POST /internal/v1/tasks/{id}/tools/{tool}/call 501 until the coding agent lands
+//! GET  /internal/v1/tasks/{id}/spec             the task: prompt, allowed tools, budgets, deadline
+//! POST /internal/v1/tasks/{id}/tools/{tool}/call a tool call as the task's owner
+//! GET  /internal/v1/tasks/{id}/outputs          the artifacts, listed from storage
+//! PUT  /internal/v1/tasks/{id}/actions/{step}   the code of one step
+//! PUT  /internal/v1/tasks/{id}/tool_calls       every tool call with its outcome
+//! PUT  /internal/v1/tasks/{id}/result           the TaskResult (then the task backend records it)
 //! ```
+//!
+//! The task routes ([`tasks`]) answer 503 on a gateway built without a task backend.
 //!
 //! Every request carries `Authorization: Bearer <runner token>`, verified with the master
 //! [`SigningKey`]; the claims' kind and id must match the path, and storage is addressed
@@ -21,6 +27,7 @@
 mod auth;
 mod error;
 mod handlers;
+mod tasks;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -36,6 +43,7 @@ use crate::store::ArtifactStore;
 
 pub use auth::RunClaims;
 pub use error::ApiError;
+pub use tasks::TaskApi;
 
 /// Size caps of request bodies.
 #[derive(Clone, Debug)]
@@ -100,6 +108,8 @@ pub struct InternalState {
     pub recorder: Option<Arc<dyn ResultRecorder>>,
     /// Body size caps.
     pub limits: InternalLimits,
+    /// The coding-task routes' backends (`None`: those routes answer 503).
+    pub tasks: Option<TaskApi>,
     /// Serializes event segment numbering within this process.
     events_lock: Arc<tokio::sync::Mutex<()>>,
 }
@@ -113,12 +123,18 @@ impl std::fmt::Debug for InternalState {
 impl InternalState {
     /// State with default limits and no recorder.
     pub fn new(store: Arc<dyn ArtifactStore>, key: SigningKey) -> Self {
-        Self { store, key, recorder: None, limits: InternalLimits::default(), events_lock: Arc::default() }
+        Self { store, key, recorder: None, limits: InternalLimits::default(), tasks: None, events_lock: Arc::default() }
     }
 
     /// The same state with a result recorder.
     pub fn with_recorder(mut self, recorder: Arc<dyn ResultRecorder>) -> Self {
         self.recorder = Some(recorder);
+        self
+    }
+
+    /// The same state with the coding-task routes served.
+    pub fn with_tasks(mut self, tasks: TaskApi) -> Self {
+        self.tasks = Some(tasks);
         self
     }
 
@@ -142,8 +158,12 @@ pub fn router(state: InternalState) -> Router {
             &format!("{PREFIX}/tasks/{{id}}/outputs/{{*path}}"),
             put(handlers::put_task_output).get(handlers::get_task_output),
         )
-        .route(&format!("{PREFIX}/tasks/{{id}}/spec"), get(handlers::task_spec))
-        .route(&format!("{PREFIX}/tasks/{{id}}/tools/{{tool}}/call"), post(handlers::task_tool_call))
+        .route(&format!("{PREFIX}/tasks/{{id}}/spec"), get(tasks::spec))
+        .route(&format!("{PREFIX}/tasks/{{id}}/tools/{{tool}}/call"), post(tasks::tool_call))
+        .route(&format!("{PREFIX}/tasks/{{id}}/outputs"), get(tasks::outputs))
+        .route(&format!("{PREFIX}/tasks/{{id}}/actions/{{step}}"), put(tasks::action))
+        .route(&format!("{PREFIX}/tasks/{{id}}/tool_calls"), put(tasks::tool_calls))
+        .route(&format!("{PREFIX}/tasks/{{id}}/result"), put(tasks::result))
         .fallback(handlers::not_found)
         .with_state(state)
 }

@@ -4,7 +4,9 @@
 //! files in a local folder ([`crate::store::fs`]), a generated (or given) API key for one
 //! local user, and a static policy ([`crate::authz::policy`]) — served by the same
 //! [`crate::app`] as the cluster gateway. The runners reach the internal API on a second
-//! loopback listener.
+//! loopback listener. Coding tasks run as local agent processes ([`crate::tasks::local`])
+//! with the model from `TOOLYARD_MODEL_BASE_URL`, `TOOLYARD_MODEL` and
+//! `TOOLYARD_MODEL_API_KEY` in the gateway's environment (only tasks need them).
 
 mod banner;
 pub mod setup;
@@ -23,16 +25,20 @@ use toolyard_api::token::SigningKey;
 use crate::app::app_with;
 use crate::auth::apikey::{API_KEY_PREFIX, ApiKey, ApiKeyAuthenticator, generate_api_key, hash_api_key};
 use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata, metadata_router, require_identity};
+use crate::authz::Authorizer;
 use crate::authz::{AuthzMetrics, PolicyAuthorizer};
 use crate::catalog::ToolCatalog;
 use crate::catalog::local::LocalCatalog;
+use crate::executor::Executor;
 use crate::executor::local::{LaunchSettings, LocalExecutor, LocalResults};
-use crate::internal::InternalState;
+use crate::internal::{InternalState, TaskApi};
 use crate::logging::LogFormat;
 use crate::metrics::Metrics;
 use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
 use crate::state::{AppState, Settings, loopback_hosts};
-use crate::store::fs::FsStore;
+use crate::store::fs::{Durability, FsStore};
+use crate::tasks::TaskBackend;
+use crate::tasks::local::{LocalModel, LocalTaskBackend, LocalTaskSettings, LocalTasks};
 use setup::DataDirLock;
 use workers::WarmPools;
 
@@ -157,7 +163,9 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
 
     let lock = DataDirLock::acquire(&args.data_dir)?;
     let data_dir = args.data_dir.canonicalize().unwrap_or_else(|_| args.data_dir.clone());
-    let store = Arc::new(FsStore::new(&data_dir).with_context(|| format!("data folder {}", data_dir.display()))?);
+    // Call files are flushed by the OS, not on every write: a local call needs no disk flush.
+    let store = FsStore::new(&data_dir).with_context(|| format!("data folder {}", data_dir.display()))?;
+    let store = Arc::new(store.with_durability(Durability::Buffered));
 
     let public_socket = std::net::TcpListener::bind(&args.listen).map_err(|e| match e.kind() {
         std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
@@ -176,9 +184,19 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     // A fresh master key per start: runner tokens live no longer than this process.
     let key = SigningKey::new(rand::random::<[u8; 32]>().to_vec()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let background = CancellationToken::new();
+    let task_settings = LocalTaskSettings {
+        runner: runner.clone(),
+        internal_url: internal_url.clone(),
+        workdir: data_dir.clone(),
+        python: setup::agent_python(args.python.as_deref(), &interpreters),
+        python_package: python_package.clone(),
+        model: LocalModel::from_env(),
+        kill_grace,
+        max_running: args.max_calls,
+    };
     let launch =
         LaunchSettings { runner, internal_url, tools_dir: dir.clone(), python_package, interpreters, kill_grace };
-    let pools = Arc::new(WarmPools::start(&catalog.tools(), &launch, &key, background.clone()));
+    let pools = Arc::new(WarmPools::start(&catalog.tools(), &launch, background.clone()));
     let results = Arc::new(LocalResults::default());
     let executor =
         LocalExecutor::new(launch, key.clone(), store.clone(), results.clone(), pools.clone(), args.max_calls)?;
@@ -215,12 +233,23 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
     let settings = Settings { allowed_hosts, ..Settings::default() };
     let tokens = ShutdownTokens::default();
-    let state = AppState::new(catalog.clone(), Arc::new(executor), store.clone(), Arc::new(authorizer), settings)
+    let executor: Arc<dyn Executor> = Arc::new(executor);
+    let authorizer: Arc<dyn Authorizer> = Arc::new(authorizer);
+    let tasks: Arc<dyn TaskBackend> =
+        Arc::new(LocalTaskBackend(LocalTasks::new(store.clone(), key.clone(), task_settings, background.clone())));
+    let task_api = TaskApi {
+        backend: tasks.clone(),
+        catalog: catalog.clone(),
+        authorizer: authorizer.clone(),
+        executor: executor.clone(),
+    };
+    let state = AppState::new(catalog.clone(), executor, store.clone(), authorizer, settings)
+        .with_tasks(tasks)
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
     let auth_layer = axum::middleware::from_fn_with_state(auth, require_identity);
     let public = app_with(state, auth_layer, metadata_router(metadata), tokens.streams.clone());
-    let internal = crate::internal::router(InternalState::new(store, key).with_recorder(results));
+    let internal = crate::internal::router(InternalState::new(store, key).with_recorder(results).with_tasks(task_api));
 
     let listeners = vec![
         Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },

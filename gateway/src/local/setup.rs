@@ -97,6 +97,15 @@ fn python_executable(program: &Path, cwd: &Path) -> Result<PathBuf, String> {
     Ok(executable)
 }
 
+/// The interpreter of coding tasks' Python harness: `--python`, else the tools' resolved
+/// `python3`, else `python3` from `PATH`.
+pub fn agent_python(explicit: Option<&Path>, interpreters: &HashMap<String, PathBuf>) -> PathBuf {
+    explicit
+        .map(Path::to_owned)
+        .or_else(|| interpreters.get("python3").cloned())
+        .unwrap_or_else(|| PathBuf::from("python3"))
+}
+
 /// The bundled Python package folder (`worker-image/python`, holding `toolyard/`):
 /// `TOOLYARD_PYTHON_PACKAGE`, else a Toolyard checkout above the tools folder or above this
 /// program, else the checkout this program was built from.

@@ -1,4 +1,5 @@
-//! The rmcp [`ServerHandler`]: tools/list, tools/call and subscriptions/listen.
+//! The rmcp [`ServerHandler`]: tools (registered and built-in), resources, the tasks
+//! extension and subscriptions/listen.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -6,8 +7,10 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
-    ServerCapabilities, ServerConfig, SubscriptionFilter,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool as McpTool,
 };
 use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -16,7 +19,9 @@ use toolyard_api::protocol::CallErrorKind;
 use toolyard_api::storage::RunId;
 use tracing::Instrument;
 
-use super::{Scope, convert, cursor, errors};
+use super::builtin::Builtin;
+use super::tasks::TaskTools;
+use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::Tool;
 use crate::executor::CallRequest;
 use crate::identity::Identity;
@@ -30,6 +35,23 @@ pub const SUPPORTED_PROTOCOL_VERSIONS: &[ProtocolVersion] =
 
 /// Authorization checks run at once while listing.
 const AUTHZ_CONCURRENCY: usize = 16;
+/// Most resources one subscription may watch.
+const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
+
+/// One entry of `tools/list`: a registered tool or a built-in.
+enum Entry {
+    Catalog(Arc<Tool>),
+    Builtin(Builtin),
+}
+
+impl Entry {
+    fn name(&self) -> &str {
+        match self {
+            Entry::Catalog(t) => t.name(),
+            Entry::Builtin(b) => b.name(),
+        }
+    }
+}
 
 /// The MCP handler. One is cloned per request (the transport is stateless).
 #[derive(Clone)]
@@ -68,35 +90,39 @@ impl McpHandler {
         from_meta.or_else(from_header).filter(|t| is_traceparent(t))
     }
 
-    /// Authorizes `tools` for `who` (bounded concurrency, order kept) and returns at most
-    /// `limit` allowed ones plus whether candidates remain after the last one returned.
+    /// Authorizes `entries` for `who` (bounded concurrency, order kept; built-ins are already
+    /// filtered) and returns at most `limit` allowed ones plus whether candidates remain after
+    /// the last one returned.
     async fn authorized_page(
         &self,
         who: &Identity,
-        tools: Vec<Arc<Tool>>,
+        entries: Vec<Entry>,
         limit: usize,
-    ) -> Result<(Vec<Arc<Tool>>, bool), ErrorData> {
-        let total = tools.len();
+    ) -> Result<(Vec<Entry>, bool), ErrorData> {
+        let total = entries.len();
         let authorizer = self.state.authorizer.clone();
-        let mut checks = futures::stream::iter(tools)
-            .map(|tool| {
+        let mut checks = futures::stream::iter(entries)
+            .map(|entry| {
                 let authorizer = authorizer.clone();
                 async move {
-                    let allowed = authorizer.can_call(who, &tool).await;
-                    (tool, allowed)
+                    let allowed = match &entry {
+                        Entry::Catalog(tool) => authorizer.can_call(who, tool).await,
+                        Entry::Builtin(_) => Ok(true),
+                    };
+                    (entry, allowed)
                 }
             })
             .buffered(AUTHZ_CONCURRENCY);
         let mut page = Vec::new();
         let mut seen = 0;
         let mut denied = 0;
-        while let Some((tool, allowed)) = checks.next().await {
+        while let Some((entry, allowed)) = checks.next().await {
             seen += 1;
             match allowed {
-                Ok(true) => page.push(tool),
+                Ok(true) => page.push(entry),
                 Ok(false) => denied += 1,
                 Err(e) => {
-                    tracing::error!(error = %e, tool = %tool.name(), "authorization check failed");
+                    tracing::error!(error = %e, tool = %entry.name(), "authorization check failed");
                     return Err(errors::from_error(&e, self.retry_after()));
                 }
             }
@@ -108,6 +134,26 @@ impl McpHandler {
             self.state.metrics.authz_denied("list", denied);
         }
         Ok((page, seen < total))
+    }
+
+    /// The built-ins `who` sees on `scope` (see [`super::builtin`]): all of them on `/mcp` of a
+    /// gateway with a task backend, for callers allowed to start coding tasks; none otherwise.
+    async fn visible_builtins(&self, who: &Identity, scope: &Scope) -> Result<Vec<Builtin>, ErrorData> {
+        if *scope != Scope::All || !self.may_create_tasks(who).await? {
+            return Ok(Vec::new());
+        }
+        Ok(Builtin::ALL.to_vec())
+    }
+
+    async fn may_create_tasks(&self, who: &Identity) -> Result<bool, ErrorData> {
+        let Some(backend) = &self.state.tasks else { return Ok(false) };
+        match self.state.authorizer.can_create_task(who, backend.namespace()).await {
+            Ok(allowed) => Ok(allowed),
+            Err(e) => {
+                tracing::error!(error = %e, "authorization check failed");
+                Err(errors::from_error(&e, self.retry_after()))
+            }
+        }
     }
 
     /// The tool `name` if it exists in `scope` and `who` may call it; otherwise the
@@ -143,20 +189,70 @@ impl McpHandler {
             Some(c) => Some(cursor::decode_cursor(&c).ok_or_else(errors::invalid_cursor)?),
             None => None,
         };
-        let mut candidates: Vec<Arc<Tool>> = self
+        let builtins = self.visible_builtins(&who, &scope).await?;
+        let mut candidates: Vec<Entry> = self
             .state
             .catalog
             .tools()
             .into_iter()
             .filter(|t| scope.contains(t))
-            .filter(|t| after.as_deref().is_none_or(|a| t.name() > a))
+            .filter(|t| scope != Scope::All || Builtin::from_name(t.name()).is_none())
+            .map(Entry::Catalog)
+            .chain(builtins.into_iter().map(Entry::Builtin))
+            .filter(|e| after.as_deref().is_none_or(|a| e.name() > a))
             .collect();
         candidates.sort_by(|a, b| a.name().cmp(b.name()));
         let (page, more) = self.authorized_page(&who, candidates, self.state.settings.page_size.max(1)).await?;
-        let next_cursor = if more { page.last().map(|t| cursor::encode_cursor(t.name())) } else { None };
-        let mut result = ListToolsResult::with_all_items(page.iter().map(|t| convert::to_mcp_tool(t)).collect());
+        let next_cursor = if more { page.last().map(|e| cursor::encode_cursor(e.name())) } else { None };
+        let tools: Vec<McpTool> = page
+            .iter()
+            .map(|e| match e {
+                Entry::Catalog(t) => convert::to_mcp_tool(t),
+                Entry::Builtin(b) => b.definition(),
+            })
+            .collect();
+        let mut result = ListToolsResult::with_all_items(tools);
         result.next_cursor = next_cursor;
         Ok(result)
+    }
+
+    /// A built-in call: arguments validated, then the tool.
+    async fn call_builtin(
+        &self,
+        builtin: Builtin,
+        who: &Identity,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = request.arguments.unwrap_or_default();
+        if let Err(problems) = builtin.validate(&arguments) {
+            return Ok(convert::invalid_arguments(&problems).into());
+        }
+        let tools = TaskTools { state: &self.state, who };
+        let started = Instant::now();
+        let result = match builtin {
+            Builtin::RunCodingTask => {
+                // `notifications/cancelled` for this request ends the wait (not the task).
+                let request_id = serde_json::to_value(&context.id).unwrap_or(Value::Null);
+                let stop = context.ct.child_token();
+                let _registration =
+                    self.state.cancels.register(cancel::cancel_key(&who.owner_key(), &request_id), stop.clone());
+                tools.run(&arguments, context, Self::traceparent(context), stop).await
+            }
+            Builtin::GetTaskResult => tools.get_result(&arguments).await.map(Into::into),
+            Builtin::ListTasks => tools.list(&arguments).await.map(Into::into),
+            Builtin::CancelTask => tools.cancel(&arguments).await.map(Into::into),
+            Builtin::ListArtifacts => tools.list_artifacts(&arguments).await.map(Into::into),
+            Builtin::ReadArtifact => tools.read_artifact(&arguments).await.map(Into::into),
+            Builtin::ToolSearch => tools.tool_search(&arguments).await.map(Into::into),
+        };
+        let outcome = match &result {
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => CallOutcome::ToolError,
+            Ok(_) => CallOutcome::Success,
+            Err(_) => CallOutcome::Error,
+        };
+        self.state.metrics.tool_call(builtin.name(), outcome, started.elapsed());
+        result
     }
 
     async fn call(
@@ -166,6 +262,14 @@ impl McpHandler {
     ) -> Result<CallToolResponse, ErrorData> {
         let who = Self::identity(context)?;
         let scope = Self::scope(context);
+        if scope == Scope::All
+            && let Some(builtin) = Builtin::from_name(&request.name)
+        {
+            if !self.visible_builtins(&who, &scope).await?.contains(&builtin) {
+                return Err(errors::unknown_tool(&request.name));
+            }
+            return self.call_builtin(builtin, &who, request, context).await;
+        }
         let tool = self.resolve(&who, &scope, &request.name).await?;
         let metrics = &self.state.metrics;
         let started = Instant::now();
@@ -194,6 +298,12 @@ impl McpHandler {
 
         let id = new_call_id(tool.name());
         let span = tracing::info_span!("tool_call", tool = %tool.name(), call = %id, user = %who.user);
+        // A `notifications/cancelled` for this request, wherever it arrives, finds the call
+        // by this key (see `super::cancel`).
+        let request_id = serde_json::to_value(&context.id).unwrap_or(Value::Null);
+        let cancel_key = cancel::cancel_key(&owner_key, &request_id);
+        let cancel = context.ct.child_token();
+        let _registration = self.state.cancels.register(cancel_key.clone(), cancel.clone());
         let call = CallRequest {
             id: id.clone(),
             tool: tool.clone(),
@@ -201,7 +311,8 @@ impl McpHandler {
             arguments,
             traceparent: Self::traceparent(context),
             parent_task: None,
-            cancel: context.ct.clone(),
+            cancel,
+            cancel_key: Some(cancel_key),
         };
         metrics.calls_in_flight().inc();
         let outcome = self.state.executor.call(call).instrument(span.clone()).await;
@@ -239,7 +350,18 @@ impl ServerHandler for McpHandler {
     }
 
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build())
+        let capabilities = if self.state.tasks.is_some() {
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_resources()
+                .enable_resources_subscribe()
+                .enable_tasks()
+                .build()
+        } else {
+            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build()
+        };
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(self.state.settings.server_name.clone(), env!("CARGO_PKG_VERSION")))
     }
 
@@ -263,18 +385,106 @@ impl ServerHandler for McpHandler {
         result
     }
 
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let who = Self::identity(&context)?;
+        let result = resources::list(&self.state, &who, request.and_then(|r| r.cursor).as_deref()).await;
+        self.state.metrics.mcp_request("resources/list", if result.is_ok() { "ok" } else { "error" });
+        result
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Self::identity(&context)?;
+        self.state.metrics.mcp_request("resources/templates/list", "ok");
+        Ok(if self.state.tasks.is_some() { resources::templates() } else { ListResourceTemplatesResult::default() })
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let who = Self::identity(&context)?;
+        let result = resources::read(&self.state, &who, &request.uri).await;
+        self.state.metrics.mcp_request("resources/read", if result.is_ok() { "ok" } else { "error" });
+        result.map(Into::into)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let who = Self::identity(&context)?;
+        let result = TaskTools { state: &self.state, who: &who }.extension_get(&request.task_id).await;
+        self.state.metrics.mcp_request("tasks/get", if result.is_ok() { "ok" } else { "error" });
+        result.map(GetTaskResult::new)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let who = Self::identity(&context)?;
+        let result = TaskTools { state: &self.state, who: &who }.extension_cancel(&request.task_id).await;
+        self.state.metrics.mcp_request("tasks/cancel", if result.is_ok() { "ok" } else { "error" });
+        result
+    }
+
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);
+        if self.state.tasks.is_some() {
+            let uris: Vec<String> = requested
+                .resource_subscriptions
+                .iter()
+                .flatten()
+                .filter(|uri| resources::TaskResource::parse(uri).is_some())
+                .take(MAX_RESOURCE_SUBSCRIPTIONS)
+                .cloned()
+                .collect();
+            accepted.resource_subscriptions = (!uris.is_empty()).then_some(uris);
+        }
         Some(accepted)
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        Self::identity(context.request_context())?;
+        let who = Self::identity(context.request_context())?;
         self.state.metrics.mcp_request("subscriptions/listen", "ok");
         let mut changes = self.state.catalog.changes();
         changes.borrow_and_update();
+        let uris = context.accepted().resource_subscriptions.clone().unwrap_or_default();
+        let mut watcher = resources::Watcher::default();
+        let owner = who.owner_key();
+        let mut task_changes = self.state.tasks.as_ref().map(|t| t.changes());
+        if !uris.is_empty() {
+            watcher.changed(&self.state, &owner, &uris).await;
+        }
         loop {
+            let task_changed = async {
+                match task_changes.as_mut() {
+                    Some(rx) if !uris.is_empty() => {
+                        if rx.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    _ => std::future::pending::<()>().await,
+                }
+            };
+            let recheck = async {
+                if uris.is_empty() {
+                    std::future::pending::<()>().await;
+                }
+                tokio::time::sleep(crate::tasks::RECHECK).await;
+            };
             tokio::select! {
                 () = context.cancelled() => return Ok(()),
                 () = self.state.shutdown.cancelled() => return Ok(()),
@@ -287,6 +497,13 @@ impl ServerHandler for McpHandler {
                     {
                         return Ok(());
                     }
+                }
+                () = task_changed => {}
+                () = recheck => {}
+            }
+            for uri in watcher.changed(&self.state, &owner, &uris).await {
+                if context.sink().notify_resource_updated(uri).await.is_err() {
+                    return Ok(());
                 }
             }
         }

@@ -1,16 +1,23 @@
-//! The MCP server: `tools/list` and `tools/call` over stateless Streamable HTTP (rmcp), with
+//! The MCP server over stateless Streamable HTTP (rmcp): `tools/list` and `tools/call` with
 //! tools from the [`crate::catalog::ToolCatalog`], authorization per tool, argument
-//! validation before anything runs, and `notifications/tools/list_changed` through
-//! `subscriptions/listen` (protocol 2026-07-28; older revisions have no stateless channel).
+//! validation before anything runs; the built-in task tools ([`builtin`], [`tasks`]); task
+//! results, events and files as resources ([`resources`]); the MCP tasks extension for
+//! `run_coding_task`; `notifications/tools/list_changed` and resource updates through
+//! `subscriptions/listen` (protocol 2026-07-28; older revisions have no stateless channel);
+//! and `notifications/cancelled` for running calls ([`cancel`]).
 //!
 //! [`service`] builds the rmcp tower service that [`crate::app::app`] mounts at `/mcp` and
 //! `/toolsets/{toolset}/mcp`. The handler reads the caller's [`crate::Identity`] and the
 //! [`Scope`] from the HTTP request extensions that rmcp passes through.
 
+pub mod builtin;
+pub mod cancel;
 mod convert;
 mod cursor;
 pub mod errors;
 mod handler;
+pub mod resources;
+pub mod tasks;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,17 +1,26 @@
 //! [`ArtifactStore`] on a local folder (embedded mode, single-replica deployments).
 //!
 //! Keys map to files under the root (`<root>/owners/<owner>/...`). Writes are atomic: a
-//! temporary file in the same folder, flushed, then renamed over the target, so a reader
-//! never sees half a file. Symbolic links are never followed below the root: every
-//! component of a path is checked with `lstat`, and a link anywhere is refused, so nothing
-//! can read or write outside the root through a planted link.
+//! temporary file in the same folder, written, then renamed over the target, so a reader
+//! never sees half a file. With [`Durability::Synced`] (the default, and what `serve
+//! --storage-dir` uses) the file's data is flushed to the disk before the rename, so a
+//! stored file survives a machine crash; [`Durability::Buffered`] (the embedded local mode)
+//! leaves the flush to the operating system: a file survives the gateway's own crash, not
+//! the machine's, and a write costs microseconds instead of a disk flush.
+//!
+//! Symbolic links are never followed below the root: every component of a path is checked
+//! with `lstat`, and a link anywhere is refused, so nothing can read or write outside the
+//! root through a planted link.
+//!
+//! Each operation runs as one blocking task (plain `std::fs` calls in sequence), not as a
+//! chain of asynchronous file operations that each hop to the blocking pool.
 
-use std::io::{ErrorKind, SeekFrom};
+use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 use toolyard_api::OwnerKey;
 
 use super::{ArtifactStore, Chunk, ObjectInfo, owner_key_path};
@@ -20,34 +29,70 @@ use crate::{Error, Result};
 /// Prefix of temporary files (hidden from listings).
 const TMP_PREFIX: &str = ".tmp-";
 
+/// Whether a write reaches the disk before `put` returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// The file's data is flushed (`fdatasync`) before it is renamed into place.
+    #[default]
+    Synced,
+    /// Written and renamed into place; the operating system flushes it later.
+    Buffered,
+}
+
 /// A store on a local folder.
 #[derive(Clone, Debug)]
 pub struct FsStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     root: PathBuf,
+    durability: Durability,
 }
 
 impl FsStore {
-    /// A store rooted at `root`, creating the folder if needed. The root itself may be a
-    /// symbolic link (it is resolved once, here); nothing below it may.
+    /// A store rooted at `root`, creating the folder if needed, with [`Durability::Synced`].
+    /// The root itself may be a symbolic link (it is resolved once, here); nothing below it may.
     pub fn new(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref();
         std::fs::create_dir_all(root).map_err(|e| io_error("creating the storage folder", root, e))?;
         let root = root.canonicalize().map_err(|e| io_error("resolving the storage folder", root, e))?;
-        Ok(Self { root })
+        Ok(Self { inner: Arc::new(Inner { root, durability: Durability::Synced }) })
+    }
+
+    /// The same store with another durability.
+    pub fn with_durability(self, durability: Durability) -> Self {
+        Self { inner: Arc::new(Inner { root: self.inner.root.clone(), durability }) }
     }
 
     /// The resolved root folder.
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.inner.root
     }
 
+    /// The durability of writes.
+    pub fn durability(&self) -> Durability {
+        self.inner.durability
+    }
+
+    /// Runs `op` on the blocking pool with this store's state.
+    async fn blocking<T: Send + 'static>(&self, op: impl FnOnce(&Inner) -> Result<T> + Send + 'static) -> Result<T> {
+        let inner = Arc::clone(&self.inner);
+        tokio::task::spawn_blocking(move || op(&inner))
+            .await
+            .map_err(|e| Error::Internal(format!("a storage task failed: {e}")))?
+    }
+}
+
+impl Inner {
     /// The file of `key` (already checked by [`owner_key_path`]) after refusing symbolic
     /// links in every existing component below the root.
-    async fn checked_path(&self, key: &str) -> Result<PathBuf> {
+    fn checked_path(&self, key: &str) -> Result<PathBuf> {
         let mut path = self.root.clone();
         for segment in key.trim_end_matches('/').split('/') {
             path.push(segment);
-            match tokio::fs::symlink_metadata(&path).await {
+            match std::fs::symlink_metadata(&path) {
                 Ok(meta) if meta.file_type().is_symlink() => {
                     tracing::warn!(key, "refused a symbolic link inside the storage folder");
                     return Err(Error::InvalidRequest(format!("invalid storage path {key:?}")));
@@ -58,6 +103,99 @@ impl FsStore {
             }
         }
         Ok(self.root.join(key.trim_end_matches('/')))
+    }
+
+    fn put(&self, key: &str, bytes: &[u8]) -> Result<()> {
+        let target = self.checked_path(key)?;
+        let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
+        if !parent.is_dir() {
+            std::fs::create_dir_all(parent).map_err(|e| io_error("creating", parent, e))?;
+            // The folders were created just now: check again that none is a link.
+            self.checked_path(key)?;
+        }
+        let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
+        let write = || {
+            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            file.write_all(bytes)?;
+            if self.durability == Durability::Synced {
+                file.sync_data()?;
+            }
+            drop(file);
+            std::fs::rename(&tmp, &target)
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io_error("writing", &target, e));
+        }
+        Ok(())
+    }
+
+    fn get(&self, key: &str) -> Result<Option<Bytes>> {
+        let file = self.checked_path(key)?;
+        match std::fs::read(&file) {
+            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::IsADirectory | ErrorKind::NotADirectory) => {
+                Ok(None)
+            }
+            Err(e) => Err(io_error("reading", &file, e)),
+        }
+    }
+
+    fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Chunk>> {
+        let path = self.checked_path(key)?;
+        let mut file = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Ok(None),
+            Err(e) => return Err(io_error("opening", &path, e)),
+        };
+        let meta = file.metadata().map_err(|e| io_error("reading", &path, e))?;
+        if !meta.is_file() {
+            return Ok(None);
+        }
+        let total = meta.len();
+        if offset >= total || len == 0 {
+            return Ok(Some(Chunk { bytes: Bytes::new(), total }));
+        }
+        let want = len.min(total - offset);
+        file.seek(SeekFrom::Start(offset)).map_err(|e| io_error("seeking", &path, e))?;
+        let mut buf = Vec::with_capacity(usize::try_from(want).unwrap_or(usize::MAX));
+        file.take(want).read_to_end(&mut buf).map_err(|e| io_error("reading", &path, e))?;
+        Ok(Some(Chunk { bytes: Bytes::from(buf), total }))
+    }
+
+    fn list(&self, key: &str, owner_prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let start = self.checked_path(key)?;
+        let base = self.root.join(owner_prefix);
+        let mut out = Vec::new();
+        let mut pending = vec![start];
+        while let Some(dir) = pending.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => continue,
+                Err(e) => return Err(io_error("listing", &dir, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| io_error("listing", &dir, e))?;
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with(TMP_PREFIX) {
+                    continue;
+                }
+                // `file_type` does not follow links: links are skipped, never entered.
+                let kind = entry.file_type().map_err(|e| io_error("listing", &entry.path(), e))?;
+                if kind.is_dir() {
+                    pending.push(entry.path());
+                } else if kind.is_file() {
+                    let full = entry.path();
+                    let Ok(rel) = full.strip_prefix(&base) else { continue };
+                    let Some(rel) = rel.to_str() else { continue };
+                    let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                    out.push(ObjectInfo { path: rel.to_owned(), size });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
     }
 }
 
@@ -72,100 +210,55 @@ impl ArtifactStore for FsStore {
         if key.ends_with('/') {
             return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
         }
-        let target = self.checked_path(&key).await?;
-        let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
-        tokio::fs::create_dir_all(parent).await.map_err(|e| io_error("creating", parent, e))?;
-        // The folders may have been created just now: check again that none is a link.
-        self.checked_path(&key).await?;
-        let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
-        let write = async {
-            let mut file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).await?;
-            file.write_all(&bytes).await?;
-            file.sync_data().await?;
-            tokio::fs::rename(&tmp, &target).await
-        };
-        if let Err(e) = write.await {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(io_error("writing", &target, e));
-        }
-        Ok(())
+        self.blocking(move |inner| inner.put(&key, &bytes)).await
     }
 
     async fn get(&self, owner: &OwnerKey, path: &str) -> Result<Option<Bytes>> {
         let key = owner_key_path(owner, path)?;
-        let file = self.checked_path(&key).await?;
-        match tokio::fs::read(&file).await {
-            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::IsADirectory | ErrorKind::NotADirectory) => {
-                Ok(None)
-            }
-            Err(e) => Err(io_error("reading", &file, e)),
-        }
+        self.blocking(move |inner| inner.get(&key)).await
     }
 
     async fn get_range(&self, owner: &OwnerKey, path: &str, offset: u64, len: u64) -> Result<Option<Chunk>> {
         let key = owner_key_path(owner, path)?;
-        let path = self.checked_path(&key).await?;
-        let mut file = match tokio::fs::File::open(&path).await {
-            Ok(f) => f,
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Ok(None),
-            Err(e) => return Err(io_error("opening", &path, e)),
-        };
-        let meta = file.metadata().await.map_err(|e| io_error("reading", &path, e))?;
-        if !meta.is_file() {
-            return Ok(None);
-        }
-        let total = meta.len();
-        if offset >= total || len == 0 {
-            return Ok(Some(Chunk { bytes: Bytes::new(), total }));
-        }
-        let want = len.min(total - offset);
-        file.seek(SeekFrom::Start(offset)).await.map_err(|e| io_error("seeking", &path, e))?;
-        let mut buf = Vec::with_capacity(usize::try_from(want).unwrap_or(usize::MAX));
-        file.take(want).read_to_end(&mut buf).await.map_err(|e| io_error("reading", &path, e))?;
-        Ok(Some(Chunk { bytes: Bytes::from(buf), total }))
+        self.blocking(move |inner| inner.get_range(&key, offset, len)).await
     }
 
     async fn list(&self, owner: &OwnerKey, folder: &str) -> Result<Vec<ObjectInfo>> {
         let key = owner_key_path(owner, folder)?;
         let owner_prefix = toolyard_api::storage::owner_prefix(owner);
-        let start = self.checked_path(&key).await?;
-        let mut out = Vec::new();
-        let mut pending = vec![start];
-        while let Some(dir) = pending.pop() {
-            let mut entries = match tokio::fs::read_dir(&dir).await {
-                Ok(e) => e,
-                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => continue,
-                Err(e) => return Err(io_error("listing", &dir, e)),
-            };
-            while let Some(entry) = entries.next_entry().await.map_err(|e| io_error("listing", &dir, e))? {
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                if name.starts_with(TMP_PREFIX) {
-                    continue;
-                }
-                // `file_type` does not follow links: links are skipped, never entered.
-                let kind = entry.file_type().await.map_err(|e| io_error("listing", &entry.path(), e))?;
-                if kind.is_dir() {
-                    pending.push(entry.path());
-                } else if kind.is_file() {
-                    let full = entry.path();
-                    let Ok(rel) = full.strip_prefix(self.root.join(&owner_prefix)) else { continue };
-                    let Some(rel) = rel.to_str() else { continue };
-                    let size = entry.metadata().await.map(|m| m.len()).unwrap_or(0);
-                    out.push(ObjectInfo { path: rel.to_owned(), size });
-                }
-            }
-        }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(out)
+        self.blocking(move |inner| inner.list(&key, &owner_prefix)).await
     }
 
     async fn health(&self) -> Result<()> {
-        let meta = tokio::fs::metadata(&self.root).await.map_err(|e| io_error("checking", &self.root, e))?;
+        let root = self.inner.root.clone();
+        let meta = tokio::fs::metadata(&root).await.map_err(|e| io_error("checking", &root, e))?;
         if !meta.is_dir() {
-            return Err(Error::Storage(format!("{} is not a folder", self.root.display())));
+            return Err(Error::Storage(format!("{} is not a folder", root.display())));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn both_durabilities_store_atomically_and_read_back() {
+        let dir = std::env::temp_dir().join(format!("toolyard-fs-durability-{}", std::process::id()));
+        let owner = OwnerKey::derive("local", "dev");
+        for durability in [Durability::Synced, Durability::Buffered] {
+            let store = FsStore::new(dir.join(format!("{durability:?}"))).unwrap().with_durability(durability);
+            assert_eq!(store.durability(), durability);
+            store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{}")).await.unwrap();
+            store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{\"a\":1}")).await.unwrap();
+            assert_eq!(store.get(&owner, "calls/c1/input.json").await.unwrap().as_deref(), Some(&b"{\"a\":1}"[..]));
+            let names: Vec<_> = std::fs::read_dir(store.root().join(format!("owners/{owner}/calls/c1")))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(names, ["input.json"], "no temporary file is left behind");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

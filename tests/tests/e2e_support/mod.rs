@@ -52,15 +52,18 @@ pub struct Platform {
     dir: TempDir,
     gateway_args: Vec<String>,
     gateway_env: Vec<(String, String)>,
+    replicas: Vec<Child>,
 }
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
-fn helm_rbac(env: &TestEnv, release_ns: &str, ns: &str) -> String {
+/// The chart's RBAC for release `release` (the chart names its objects `<release>-toolyard-*`;
+/// a release per platform keeps the cluster-scoped bindings of concurrent tests apart).
+fn helm_rbac(env: &TestEnv, release: &str, release_ns: &str, ns: &str) -> String {
     let out = std::process::Command::new(env.bin_dir().join("helm"))
-        .args(["template", "ty", repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", release_ns])
+        .args(["template", release, repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", release_ns])
         .args([
             "--kube-version",
             "1.34.4",
@@ -152,10 +155,13 @@ impl Platform {
 
         // The chart's ServiceAccounts and RBAC, bound to this namespace.
         let rbac = dir.path().join("rbac.yaml");
-        std::fs::write(&rbac, helm_rbac(env, &release_ns, &ns)).expect("write rbac");
+        let release = format!("ty{}", random_suffix(6));
+        std::fs::write(&rbac, helm_rbac(env, &release, &release_ns, &ns)).expect("write rbac");
         env.kubectl_as(User::Admin, &["apply", "-f", rbac.to_str().expect("utf-8")]).expect("apply chart RBAC");
-        let gateway_kc = service_account_kubeconfig(env, &release_ns, "ty-toolyard-gateway", dir.path()).await;
-        let controller_kc = service_account_kubeconfig(env, &release_ns, "ty-toolyard-controller", dir.path()).await;
+        let gateway_kc =
+            service_account_kubeconfig(env, &release_ns, &format!("{release}-toolyard-gateway"), dir.path()).await;
+        let controller_kc =
+            service_account_kubeconfig(env, &release_ns, &format!("{release}-toolyard-controller"), dir.path()).await;
 
         let key = dir.path().join("token-key");
         std::fs::write(&key, format!("{}{}", random_suffix(32), random_suffix(32))).expect("key");
@@ -213,7 +219,7 @@ impl Platform {
             ("TOOLYARD_TOKEN_KEY_FILE".into(), key.display().to_string()),
             ("TOOLYARD_METRICS_ADDR".into(), format!("127.0.0.1:{controller_ops}")),
             ("TOOLYARD_LEASE_NAMESPACE".into(), release_ns.clone()),
-            ("TOOLYARD_LEASE_NAME".into(), "ty-toolyard-controller".into()),
+            ("TOOLYARD_LEASE_NAME".into(), format!("{release}-toolyard-controller")),
             ("RUST_LOG".into(), "info".into()),
         ];
         controller_env_all.extend(controller_env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
@@ -233,6 +239,7 @@ impl Platform {
             dir,
             gateway_args,
             gateway_env,
+            replicas: Vec::new(),
         };
         platform.wait_ready().await;
         platform
@@ -264,9 +271,32 @@ impl Platform {
         self.wait_ready().await;
     }
 
+    /// Starts a second gateway replica (same flags and key, its own ports) and returns its
+    /// public base URL; it stops with the platform.
+    pub async fn start_replica(&mut self) -> String {
+        let (public, internal, ops) = (free_port(), free_port(), free_port());
+        let mut args = self.gateway_args.clone();
+        for (flag, port) in [("--listen", public), ("--internal-listen", internal), ("--metrics-listen", ops)] {
+            if let Some(i) = args.iter().position(|a| a == flag) {
+                args[i + 1] = format!("127.0.0.1:{port}");
+            }
+        }
+        let replica =
+            spawn(&binary("toolyard-gateway"), &args, &self.gateway_env, &self.dir.path().join("gateway-replica.log"));
+        self.replicas.push(replica);
+        let ready = format!("http://127.0.0.1:{ops}/readyz");
+        wait_until(Duration::from_secs(60), "the replica to be ready", || {
+            let ready = ready.clone();
+            async move { Ok(reqwest::get(&ready).await.map(|r| r.status().is_success()).unwrap_or(false)) }
+        })
+        .await
+        .expect("replica ready");
+        format!("http://127.0.0.1:{public}")
+    }
+
     /// Prints the gateway's and controller's logs (on failure).
     pub fn dump_logs(&self) {
-        for name in ["gateway.log", "gateway-2.log", "controller.log"] {
+        for name in ["gateway.log", "gateway-2.log", "gateway-replica.log", "controller.log"] {
             if let Ok(text) = std::fs::read_to_string(self.dir.path().join(name)) {
                 let tail: Vec<&str> = text.lines().rev().take(60).collect();
                 eprintln!("----- {name} (last lines) -----");
@@ -317,6 +347,9 @@ impl Platform {
     pub async fn stop(mut self) {
         let _ = self.gateway.start_kill();
         let _ = self.controller.start_kill();
+        for replica in &mut self.replicas {
+            let _ = replica.start_kill();
+        }
         if let Some(node) = self.node.take() {
             node.stop().await;
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -106,6 +107,55 @@ def test_async_functions_are_awaited(run_tool):
 def test_long_error_messages_are_cut_to_4_kib(run_tool):
     out = run_tool("sample_tools:boom", {"message": "é" * 5000})
     assert out.code == 1 and len(out.error.encode()) <= 4096 and out.error.endswith("...")
+
+
+def test_generator_based_coroutines_are_awaited_like_inspect_says():
+    import asyncio
+    import inspect
+    import types as pytypes
+
+    from toolyard.run import _is_awaitable
+
+    @pytypes.coroutine
+    def legacy():
+        yield from asyncio.sleep(0).__await__()
+
+    class Custom:
+        def __await__(self):
+            return iter(())
+
+    def plain_generator():
+        yield 1
+
+    async def native():
+        return 1
+
+    coroutine = native()
+    for value in [coroutine, legacy(), Custom(), plain_generator(), 1, None, {"a": 1}]:
+        assert _is_awaitable(value) == inspect.isawaitable(value), value
+    coroutine.close()
+
+
+def test_a_plain_function_runs_without_importing_inspect_or_dataclasses(tmp_path):
+    """A fresh process per call pays for every import: a function that needs neither module
+    (no dataclasses, a signature its code object tells) does not import them."""
+    (tmp_path / "lean_tool.py").write_text("def add(a: int, b: float = 0.5) -> float:\n    return a + b\n")
+    driver = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "from toolyard import run\n"
+        "code = run.main(['lean_tool:add'])\n"
+        "heavy = ('inspect', 'dataclasses', 'asyncio', 'traceback')\n"
+        "print(','.join(m for m in heavy if m in sys.modules and m not in before))\n"
+        "sys.exit(code)\n"
+    )
+    result, error = tmp_path / "result.json", tmp_path / "error.txt"
+    env = subprocess_env(TOOLYARD_RESULT_FILE=str(result), TOOLYARD_ERROR_FILE=str(error))
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", driver], input=b'{"a": 2}', capture_output=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(result.read_text()) == 2.5
+    assert proc.stdout.decode().strip() == "", "imported for a plain function: " + proc.stdout.decode()
 
 
 def test_missing_environment_exits_2_with_a_message():

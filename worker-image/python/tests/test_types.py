@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import enum
+import functools
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Sequence, TypedDict, Union
@@ -10,7 +12,9 @@ from typing import Any, Literal, Optional, Sequence, TypedDict, Union
 import pytest
 
 from toolyard._types import (
+    EMPTY,
     BadResult,
+    Field,
     InvalidArguments,
     UnsupportedType,
     bind_arguments,
@@ -227,3 +231,58 @@ def test_bad_results_name_the_path(value, message):
     with pytest.raises(BadResult) as info:
         to_json(value)
     assert str(info.value) == message
+
+
+# --- reading signatures without `inspect` -----------------------------------------------
+
+
+def _kw_only(a: int, b: float = 1.5, *, c: str, d: bool = True) -> None: ...
+
+
+def _no_hints(x, y=None): ...
+
+
+@pytest.mark.parametrize(
+    "func",
+    [
+        _kw_only,
+        _no_hints,
+        functools.wraps(_kw_only)(lambda *args, **kwargs: None),
+        lambda: None,
+    ],
+)
+def test_the_fast_signature_path_agrees_with_inspect(func):
+    """Plain functions are read from their code object; what they report is what
+    `inspect.signature` reports, and anything else goes through `inspect`."""
+    spec = inspect_function(func)
+    expected = [
+        (p.name, p.default is inspect.Parameter.empty, None if p.default is inspect.Parameter.empty else p.default)
+        for p in inspect.signature(func).parameters.values()
+    ]
+    got = [(p.name, p.required, None if p.default is EMPTY else p.default) for p in spec.params]
+    assert got == expected
+
+
+def test_positional_only_parameters_are_still_refused():
+    def f(a: int, /, b: int) -> int:
+        return a + b
+
+    with pytest.raises(UnsupportedType) as info:
+        inspect_function(f)
+    assert str(info.value) == (
+        "function 'f': parameter 'a' is positional-only; tool parameters must be passable by keyword"
+    )
+
+
+def test_records_are_immutable_comparable_and_replaceable():
+    number = parse_type(float)
+    field_ = Field("spot", number, True)
+    assert (field_.default, field_.description) == (EMPTY, None)
+    assert field_ == Field("spot", number, True, EMPTY, None)
+    assert field_.replace(description="Spot price.") == Field("spot", number, True, description="Spot price.")
+    assert field_.description is None, "replace makes a copy"
+    with pytest.raises(AttributeError):
+        field_.name = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        Field("spot")
+    assert "name='spot'" in repr(field_)

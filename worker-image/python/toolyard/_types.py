@@ -5,26 +5,105 @@ both checks and converts a JSON argument (`convert`) and describes it as JSON Sc
 (`schema`), so what the runner accepts and what the manifest advertises cannot drift
 apart. `to_json` turns a function's result into a JSON value and rejects what JSON
 cannot carry (NaN, Infinity, arbitrary objects), naming the offending path.
+
+A tool in Job mode starts a fresh interpreter per call, which pays for every import and
+class definition here: `inspect` and `dataclasses` are imported only when the function
+needs them (a signature `__code__` cannot tell, a dataclass it uses), and the records below
+are plain classes (a `@dataclass` costs most of a millisecond to define).
 """
 
 from __future__ import annotations
 
 import collections.abc
-import dataclasses
 import enum
 import importlib
-import inspect
 import json
 import math
+import sys
 import types
 import typing
-from dataclasses import dataclass
 from typing import Any, Callable
 
 
 ALL_KINDS = frozenset({"null", "boolean", "integer", "number", "string", "array", "object"})
 _SCALAR_KIND = {type(None): "null", bool: "boolean", int: "integer", float: "number", str: "string"}
-EMPTY = inspect.Parameter.empty  # "no annotation", "no default"
+
+
+class _Empty:
+    """The marker for "no annotation" and "no default"."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+
+EMPTY: Any = _Empty()
+
+
+class _Record:
+    """A small immutable record: what a frozen dataclass gives, without its start-up cost.
+
+    Subclasses name their attributes in `__slots__` (in constructor order) and their
+    defaults in `_defaults`.
+    """
+
+    __slots__ = ()
+    _defaults: dict[str, Any] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        names = self.__slots__
+        if len(args) > len(names):
+            raise TypeError(f"{type(self).__name__} takes at most {len(names)} arguments")
+        values = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key not in names or key in values:
+                raise TypeError(f"{type(self).__name__}: unexpected or repeated argument {key!r}")
+            values[key] = value
+        for name in names:
+            if name not in values:
+                if name not in self._defaults:
+                    raise TypeError(f"{type(self).__name__}: missing argument {name!r}")
+                values[name] = self._defaults[name]
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def replace(self, **changes: Any) -> Any:
+        """A copy with some attributes changed."""
+        values = {name: getattr(self, name) for name in self.__slots__}
+        values.update(changes)
+        return type(self)(**values)
+
+
+def _dataclasses() -> Any:
+    """The `dataclasses` module if anything imported it, else None: without it no class can
+    be a dataclass, and a fresh process need not import it (and `inspect` with it)."""
+    return sys.modules.get("dataclasses")
+
+
+def _is_dataclass(value: Any) -> bool:
+    dataclasses = _dataclasses()
+    return dataclasses is not None and dataclasses.is_dataclass(value)
 
 
 class InvocationError(Exception):
@@ -282,15 +361,17 @@ class EnumType(JsonType):
         raise Mismatch([(path, f"expected {self.describe()}, got {_value_text(value)}")])
 
 
-@dataclass(frozen=True)
-class Field:
-    """One property of an object type."""
+class Field(_Record):
+    """One property of an object type (or one parameter of a function):
+    `Field(name, type, required, default=EMPTY, description=None)`."""
 
+    __slots__ = ("name", "type", "required", "default", "description")
+    _defaults = {"default": EMPTY, "description": None}
     name: str
     type: JsonType
     required: bool
-    default: Any = EMPTY
-    description: str | None = None
+    default: Any
+    description: str | None
 
 
 class ObjectType(JsonType):
@@ -389,7 +470,7 @@ def parse_type(tp: Any, _stack: tuple[type, ...] = ()) -> JsonType:
         return MapType(parse_type(args[1], _stack) if args else AnyType())
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return _enum_type(tp)
-    if isinstance(tp, type) and (dataclasses.is_dataclass(tp) or typing.is_typeddict(tp)):
+    if isinstance(tp, type) and (_is_dataclass(tp) or typing.is_typeddict(tp)):
         if tp in _stack:
             raise UnsupportedType(f"{type_name(tp)}: recursive types are not supported")
         return _object_type(tp, _stack + (tp,))
@@ -417,6 +498,8 @@ def _object_type(cls: type, stack: tuple[type, ...]) -> ObjectType:
         for name in hints:
             fields.append(_field(cls, name, hints[name], name in cls.__required_keys__, EMPTY, docs, stack))
         return ObjectType(cls.__qualname__, fields, dict)
+    import dataclasses  # already imported: `cls` is a dataclass
+
     for f in dataclasses.fields(cls):
         if not f.init:
             raise UnsupportedType(f"{cls.__qualname__}.{f.name}: init=False fields are not supported")
@@ -434,14 +517,15 @@ def _field(cls: type, name: str, tp: Any, required: bool, default: Any, docs: di
     return Field(name, json_type, required, default, docs.get(name))
 
 
-@dataclass(frozen=True)
-class FunctionSpec:
-    """What the runner and the manifest generator need to know about a function."""
+class FunctionSpec(_Record):
+    """What the runner and the manifest generator need to know about a function:
+    `FunctionSpec(func, name, params, return_annotation)` (`EMPTY` when not annotated)."""
 
+    __slots__ = ("func", "name", "params", "return_annotation")
     func: Callable[..., Any]
     name: str
     params: list[Field]
-    return_annotation: Any  # `inspect.Parameter.empty` when absent
+    return_annotation: Any
 
 
 def load_function(target: str) -> Callable[..., Any]:
@@ -465,26 +549,69 @@ def load_function(target: str) -> Callable[..., Any]:
     return obj
 
 
+_CO_VARARGS, _CO_VARKEYWORDS = 0x04, 0x08  # code object flags: *args, **kwargs
+
+
+def _plain_parameters(func: Any) -> list[tuple[str, Any, str | None]] | None:
+    """(name, default, None) for each parameter of a plain Python function, read from its code
+    object; None when only `inspect.signature` can tell (wrapped or partial functions,
+    callable objects, builtins, `*args`, `**kwargs`, positional-only parameters)."""
+    code = getattr(func, "__code__", None)
+    if (
+        type(func) is not types.FunctionType
+        or code is None
+        or not func.__dict__.keys().isdisjoint(("__wrapped__", "__signature__", "_partialmethod", "__partialmethod__"))
+        or code.co_flags & (_CO_VARARGS | _CO_VARKEYWORDS)
+        or code.co_posonlyargcount
+    ):
+        return None
+    positional = code.co_argcount
+    defaults = func.__defaults__ or ()
+    kwdefaults = func.__kwdefaults__ or {}
+    first_default = positional - len(defaults)
+    params = []
+    for i, name in enumerate(code.co_varnames[: positional + code.co_kwonlyargcount]):
+        if i < positional:
+            default = defaults[i - first_default] if i >= first_default else EMPTY
+        else:
+            default = kwdefaults.get(name, EMPTY)
+        params.append((name, default, None))
+    return params
+
+
+def _signature_parameters(func: Any) -> list[tuple[str, Any, str | None]]:
+    """(name, default, problem) from `inspect.signature`; the problem names a kind of
+    parameter a tool cannot have (`variadic positional`, ...)."""
+    import inspect
+
+    params = []
+    for p in inspect.signature(func).parameters.values():
+        problem = p.kind.description if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) else None
+        params.append((p.name, EMPTY if p.default is inspect.Parameter.empty else p.default, problem))
+    return params
+
+
 def inspect_function(func: Callable[..., Any]) -> FunctionSpec:
     """Read the signature and type hints; raise `UnsupportedType` naming the parameter."""
     name = getattr(func, "__name__", repr(func))
     try:
         hints = typing.get_type_hints(func)
-        signature = inspect.signature(func)
+        parameters = _plain_parameters(func)
+        if parameters is None:
+            parameters = _signature_parameters(func)
     except Exception as e:
         raise UnsupportedType(f"function '{name}': cannot read its signature or type hints: {e}") from None
     params = []
-    for p in signature.parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY):
+    for param, default, problem in parameters:
+        if problem is not None:
             raise UnsupportedType(
-                f"function '{name}': parameter '{p.name}' is {p.kind.description}; "
-                "tool parameters must be passable by keyword"
+                f"function '{name}': parameter '{param}' is {problem}; tool parameters must be passable by keyword"
             )
         try:
-            json_type = parse_type(hints.get(p.name, EMPTY))
+            json_type = parse_type(hints.get(param, EMPTY))
         except UnsupportedType as e:
-            raise UnsupportedType(f"function '{name}': parameter '{p.name}': {e}") from None
-        params.append(Field(p.name, json_type, p.default is EMPTY, p.default))
+            raise UnsupportedType(f"function '{name}': parameter '{param}': {e}") from None
+        params.append(Field(param, json_type, default is EMPTY, default))
     return FunctionSpec(func, name, params, hints.get("return", EMPTY))
 
 
@@ -524,8 +651,9 @@ def to_json(value: Any, path: str = "result") -> Any:
         if math.isinf(value):
             raise BadResult(f"{path} is {'Infinity' if value > 0 else '-Infinity'}")
         return float(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name), join_path(path, f.name)) for f in dataclasses.fields(value)}
+    if not isinstance(value, type) and _is_dataclass(value):
+        fields = _dataclasses().fields(value)
+        return {f.name: to_json(getattr(value, f.name), join_path(path, f.name)) for f in fields}
     if isinstance(value, collections.abc.Mapping):
         out = {}
         for key, item in value.items():

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import re
 import sys
 from dataclasses import dataclass
@@ -120,7 +119,7 @@ def tool_document(target: str, options: Options) -> dict[str, Any]:
     if len(description) > MAX_DESCRIPTION:
         _warn(f"{target}: description cut to {MAX_DESCRIPTION} characters")
         description = description[: MAX_DESCRIPTION - 3] + "..."
-    params = [dataclasses.replace(p, description=docs.params.get(p.name)) for p in spec.params]
+    params = [p.replace(description=docs.params.get(p.name)) for p in spec.params]
 
     metadata: dict[str, Any] = {"name": k8s_name}
     if options.namespace:

@@ -18,10 +18,11 @@ never into the result.
 
 from __future__ import annotations
 
-import inspect
+import collections.abc
 import json
 import os
 import sys
+import types
 from typing import IO, Any, NoReturn
 
 from ._types import (
@@ -41,9 +42,10 @@ USAGE = "usage: python -m toolyard.run module:function"
 MAX_ERROR_BYTES = 4096
 # Failure kind -> exit code of file mode. The kinds are also the jsonl `kind` values.
 EXIT_CODES = {"error": 1, "invalid_arguments": 2, "bad_result": 3}
-# One event loop per process, kept across calls. `asyncio` and `traceback` are imported only
-# when needed: a fresh process per call pays for every import at start-up.
+# One event loop per process, kept across calls. `asyncio`, `inspect` and `traceback` are
+# imported only when needed: a fresh process per call pays for every import at start-up.
 _loop: Any = None
+_CO_ITERABLE_COROUTINE = 0x100  # a generator-based coroutine (`types.coroutine`)
 
 
 class CallFailed(Exception):
@@ -85,7 +87,7 @@ def call(spec: FunctionSpec, arguments: Any) -> Any:
         raise CallFailed("invalid_arguments", str(e)) from None
     try:
         value = spec.func(**kwargs)
-        if inspect.isawaitable(value):
+        if _is_awaitable(value):
             value = _await(value)
     except (Exception, SystemExit) as e:
         _print_exception(e)
@@ -100,6 +102,13 @@ def call(spec: FunctionSpec, arguments: Any) -> Any:
         raise CallFailed("bad_result", str(e)) from None
     except RecursionError:
         raise CallFailed("bad_result", "result is nested too deeply (or contains itself)") from None
+
+
+def _is_awaitable(value: Any) -> bool:
+    """`inspect.isawaitable`, without importing `inspect`."""
+    if isinstance(value, types.GeneratorType):
+        return bool(value.gi_code.co_flags & _CO_ITERABLE_COROUTINE)
+    return isinstance(value, (types.CoroutineType, collections.abc.Awaitable))
 
 
 def _print_exception(e: BaseException) -> None:

@@ -70,7 +70,11 @@ pub struct Harness {
 
 impl Harness {
     /// Starts the interpreter and sends the tool stubs.
-    pub async fn start(settings: &PythonSettings, tools: &[ToolInfo], max_artifact_bytes: u64) -> Result<Self, HarnessError> {
+    pub async fn start(
+        settings: &PythonSettings,
+        tools: &[ToolInfo],
+        max_artifact_bytes: u64,
+    ) -> Result<Self, HarnessError> {
         let mut cmd = Command::new(&settings.python);
         cmd.args(["-u", "-m", "toolyard.agent"])
             .env_clear()
@@ -118,7 +122,9 @@ impl Harness {
 
     async fn receive(&mut self) -> Result<Value, HarnessError> {
         match self.lines.next_line().await {
-            Ok(Some(line)) => serde_json::from_str(&line).map_err(|e| HarnessError::Broken(format!("bad message {line:?}: {e}"))),
+            Ok(Some(line)) => {
+                serde_json::from_str(&line).map_err(|e| HarnessError::Broken(format!("bad message {line:?}: {e}")))
+            }
             Ok(None) => {
                 let status = self.child.wait().await.map(|s| s.to_string()).unwrap_or_default();
                 Err(HarnessError::Broken(format!("the interpreter exited ({status})")))
@@ -128,7 +134,12 @@ impl Harness {
     }
 
     /// Runs one step, serving its requests with `requests`.
-    pub async fn exec(&mut self, step: u32, code: &str, requests: &mut dyn Requests) -> Result<StepOutcome, HarnessError> {
+    pub async fn exec(
+        &mut self,
+        step: u32,
+        code: &str,
+        requests: &mut dyn Requests,
+    ) -> Result<StepOutcome, HarnessError> {
         self.send(&json!({"type": "exec", "step": step, "code": code})).await?;
         loop {
             let message = self.receive().await?;
@@ -154,9 +165,10 @@ impl Harness {
                             )
                             .await
                             .map(|()| None),
-                        Some("read_artifact") => {
-                            requests.read_artifact(message["filename"].as_str().unwrap_or_default()).await.map(|s| Some(Value::String(s)))
-                        }
+                        Some("read_artifact") => requests
+                            .read_artifact(message["filename"].as_str().unwrap_or_default())
+                            .await
+                            .map(|s| Some(Value::String(s))),
                         other => Err(format!("unknown request {other:?}")),
                     };
                     let answer = match reply {

@@ -1,18 +1,21 @@
-//! The model: any OpenAI-compatible chat-completions endpoint, through async-openai.
+//! The model: any OpenAI-compatible chat-completions endpoint.
 //!
-//! async-openai retries 429 (honouring `Retry-After`), 5xx and connection errors a few
-//! times; the agent bounds every request by the task's remaining time and turns what is
-//! left into a [`ModelError`] that says exactly what went wrong.
+//! Requests and answers are async-openai's chat types; the HTTP exchange is our own (reqwest)
+//! because the agent needs what async-openai's client hides: the `Retry-After` header of a
+//! 429, and a precise classification of what went wrong. Every request is bounded by the
+//! task's remaining time. Transient failures are retried inside one model call — 429 after
+//! the time the endpoint asks for, 5xx and connection failures after a short backoff — then
+//! turned into a [`ModelError`] that says exactly what went wrong. 401/403 and other 4xx are
+//! not retried.
 
 use std::time::Duration;
 
-use async_openai::Client;
-use async_openai::config::OpenAIConfig;
-use async_openai::error::OpenAIError;
 use async_openai::types::chat::{
     ChatCompletionRequestAssistantMessage, ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
-    ChatCompletionRequestUserMessage, CreateChatCompletionRequest,
+    ChatCompletionRequestUserMessage, CreateChatCompletionRequest, CreateChatCompletionResponse,
 };
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, RETRY_AFTER};
 
 /// Model settings (from the environment of the agent; the key never appears in logs).
 #[derive(Clone)]
@@ -21,13 +24,16 @@ pub struct ModelSettings {
     pub base_url: String,
     /// Model id.
     pub model: String,
-    /// API key.
+    /// API key (empty: no `Authorization` header, for local endpoints that need none).
     pub api_key: String,
 }
 
 impl std::fmt::Debug for ModelSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelSettings").field("base_url", &self.base_url).field("model", &self.model).finish_non_exhaustive()
+        f.debug_struct("ModelSettings")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
     }
 }
 
@@ -56,14 +62,16 @@ pub enum ModelError {
         message: String,
     },
     /// Still rate limited after retries.
-    #[error("the model endpoint {base_url} is rate limiting (429) after retries: {message}")]
+    #[error("the model endpoint {base_url} is rate limiting (429) after {attempts} attempts: {message}")]
     RateLimited {
         /// Endpoint.
         base_url: String,
+        /// Attempts made.
+        attempts: u32,
         /// The endpoint's message.
         message: String,
     },
-    /// Any other error status.
+    /// Any other error status (5xx after retries, 4xx at once).
     #[error("the model endpoint {base_url} answered {status}: {message}")]
     Status {
         /// Endpoint.
@@ -73,7 +81,7 @@ pub enum ModelError {
         /// The endpoint's message.
         message: String,
     },
-    /// Connection refused, DNS, TLS...
+    /// Connection refused, DNS, TLS... after retries.
     #[error("the model endpoint {base_url} is unreachable: {message}")]
     Unreachable {
         /// Endpoint.
@@ -95,24 +103,60 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    /// Worth another try (within budget): malformed answers and server errors.
+    /// Worth another model call (within the model call budget): a malformed answer may be a
+    /// one-off. Everything else was already retried inside the call.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ModelError::Malformed { .. }) || matches!(self, ModelError::Status { status, .. } if *status >= 500)
+        matches!(self, ModelError::Malformed { .. })
+    }
+}
+
+/// How transient failures are retried inside one model call.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    /// Attempts for 429 answers.
+    pub rate_limited_attempts: u32,
+    /// Attempts for 5xx answers and connection failures.
+    pub transient_attempts: u32,
+    /// First backoff for 5xx and connection failures (doubled each time).
+    pub backoff: Duration,
+    /// Wait after a 429 without `Retry-After`.
+    pub default_retry_after: Duration,
+    /// Longest wait a `Retry-After` may ask for (longer waits end the call).
+    pub max_retry_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            rate_limited_attempts: 4,
+            transient_attempts: 3,
+            backoff: Duration::from_millis(500),
+            default_retry_after: Duration::from_secs(2),
+            max_retry_after: Duration::from_secs(60),
+        }
     }
 }
 
 /// A chat-completions client for one task.
 pub struct Model {
-    client: Client<OpenAIConfig>,
+    http: reqwest::Client,
     settings: ModelSettings,
+    retry: RetryPolicy,
+}
+
+/// What one HTTP attempt gave.
+enum Attempt {
+    Done(String),
+    Retry { wait: Duration, error: ModelError },
+    Fail(ModelError),
 }
 
 impl Model {
-    /// A client for `settings`, with a request timeout.
-    pub fn new(settings: ModelSettings, request_timeout: Duration) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder().timeout(request_timeout).connect_timeout(Duration::from_secs(10)).build()?;
-        let config = OpenAIConfig::new().with_api_base(settings.base_url.trim_end_matches('/')).with_api_key(&settings.api_key);
-        Ok(Self { client: Client::with_config(config).with_http_client(http), settings })
+    /// A client for `settings`; `request_timeout` bounds each HTTP request.
+    pub fn new(settings: ModelSettings, request_timeout: Duration, retry: RetryPolicy) -> anyhow::Result<Self> {
+        let http =
+            reqwest::Client::builder().timeout(request_timeout).connect_timeout(Duration::from_secs(10)).build()?;
+        Ok(Self { http, settings, retry })
     }
 
     /// The endpoint (for messages and events; no key).
@@ -120,7 +164,7 @@ impl Model {
         &self.settings.base_url
     }
 
-    /// Sends the conversation and returns the assistant's text, bounded by `remaining`.
+    /// Sends the conversation and returns the assistant's text, within `remaining`.
     pub async fn complete(&self, messages: &[Message], remaining: Duration) -> Result<String, ModelError> {
         let request = CreateChatCompletionRequest {
             model: self.settings.model.clone(),
@@ -128,18 +172,141 @@ impl Model {
             temperature: Some(0.0),
             ..Default::default()
         };
-        let base_url = self.settings.base_url.clone();
-        let response = match tokio::time::timeout(remaining, self.client.chat().create(request)).await {
-            Err(_) => return Err(ModelError::Deadline),
-            Ok(Err(e)) => return Err(classify(e, base_url)),
-            Ok(Ok(r)) => r,
-        };
-        let content = response.choices.into_iter().next().and_then(|c| c.message.content);
-        match content {
-            Some(text) if !text.trim().is_empty() => Ok(text),
-            _ => Err(ModelError::Malformed { base_url, message: "the response has no message content".into() }),
+        let body =
+            serde_json::to_vec(&request).map_err(|e| self.malformed(format!("cannot encode the request: {e}")))?;
+        match tokio::time::timeout(remaining, self.with_retries(body)).await {
+            Ok(result) => result,
+            Err(_) => Err(ModelError::Deadline),
         }
     }
+
+    async fn with_retries(&self, body: Vec<u8>) -> Result<String, ModelError> {
+        let (mut rate_limited, mut transient) = (0, 0);
+        let mut backoff = self.retry.backoff;
+        loop {
+            match self.attempt(body.clone()).await {
+                Attempt::Done(text) => return Ok(text),
+                Attempt::Fail(error) => return Err(error),
+                Attempt::Retry { wait, error } => {
+                    let limited = matches!(error, ModelError::RateLimited { .. });
+                    let (count, limit) = if limited {
+                        rate_limited += 1;
+                        (rate_limited, self.retry.rate_limited_attempts)
+                    } else {
+                        transient += 1;
+                        (transient, self.retry.transient_attempts)
+                    };
+                    if count >= limit || wait > self.retry.max_retry_after {
+                        return Err(match error {
+                            ModelError::RateLimited { base_url, message, .. } => {
+                                ModelError::RateLimited { base_url, attempts: count, message }
+                            }
+                            other => other,
+                        });
+                    }
+                    let wait = if limited { wait } else { backoff };
+                    backoff *= 2;
+                    tracing::warn!(error = %error, wait_ms = wait.as_millis() as u64, "model call failed; retrying");
+                    tokio::time::sleep(wait).await;
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, body: Vec<u8>) -> Attempt {
+        let url = format!("{}/chat/completions", self.settings.base_url.trim_end_matches('/'));
+        let mut request = self.http.post(&url).header(reqwest::header::CONTENT_TYPE, "application/json").body(body);
+        if !self.settings.api_key.is_empty() {
+            request = request.bearer_auth(&self.settings.api_key);
+        }
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let error = ModelError::Unreachable { base_url: self.base_url().to_owned(), message: error_chain(&e) };
+                return Attempt::Retry { wait: self.retry.backoff, error };
+            }
+        };
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = match response.text().await {
+            Ok(t) => t,
+            Err(e) => {
+                let error = ModelError::Unreachable { base_url: self.base_url().to_owned(), message: error_chain(&e) };
+                return Attempt::Retry { wait: self.retry.backoff, error };
+            }
+        };
+        classify(self.base_url(), status, &headers, &text, &self.retry)
+    }
+
+    fn malformed(&self, message: String) -> ModelError {
+        ModelError::Malformed { base_url: self.base_url().to_owned(), message }
+    }
+}
+
+/// What an HTTP answer means: the content, a retry (with the wait) or a final error.
+fn classify(base_url: &str, status: StatusCode, headers: &HeaderMap, body: &str, retry: &RetryPolicy) -> Attempt {
+    let base_url = base_url.to_owned();
+    if status.is_success() {
+        return match serde_json::from_str::<CreateChatCompletionResponse>(body) {
+            Err(e) => Attempt::Fail(ModelError::Malformed {
+                base_url,
+                message: format!("not a chat completion ({e}); the body starts with {:?}", prefix(body, 200)),
+            }),
+            Ok(response) => match response.choices.into_iter().next().and_then(|c| c.message.content) {
+                Some(text) if !text.trim().is_empty() => Attempt::Done(text),
+                _ => Attempt::Fail(ModelError::Malformed {
+                    base_url,
+                    message: "the response has no message content".into(),
+                }),
+            },
+        };
+    }
+    let message = error_message(body);
+    let code = status.as_u16();
+    match code {
+        401 | 403 => Attempt::Fail(ModelError::Unauthorized { base_url, status: code, message }),
+        429 => {
+            let wait = retry_after(headers).unwrap_or(retry.default_retry_after);
+            Attempt::Retry { wait, error: ModelError::RateLimited { base_url, attempts: 1, message } }
+        }
+        _ if status.is_server_error() => {
+            Attempt::Retry { wait: retry.backoff, error: ModelError::Status { base_url, status: code, message } }
+        }
+        _ => Attempt::Fail(ModelError::Status { base_url, status: code, message }),
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is read as "now").
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    match value.parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Some(Duration::from_secs_f64(secs)),
+        _ => {
+            let at = jiff::fmt::rfc2822::parse(value).ok()?.timestamp();
+            let left = at.duration_since(jiff::Timestamp::now());
+            Some(Duration::try_from(left).unwrap_or_default())
+        }
+    }
+}
+
+/// The `error.message` of an OpenAI-style error body, or the (bounded) body.
+fn error_message(body: &str) -> String {
+    let parsed: Option<String> = serde_json::from_str::<serde_json::Value>(body).ok().and_then(|v| {
+        v["error"]["message"]
+            .as_str()
+            .or_else(|| v["error"].as_str())
+            .or_else(|| v["message"].as_str())
+            .map(str::to_owned)
+    });
+    match parsed {
+        Some(m) => prefix(&m, 500),
+        None if body.trim().is_empty() => "(no message)".to_owned(),
+        None => prefix(body.trim(), 500),
+    }
+}
+
+fn prefix(s: &str, chars: usize) -> String {
+    s.chars().take(chars).collect()
 }
 
 fn to_request_message(m: &Message) -> ChatCompletionRequestMessage {
@@ -147,38 +314,12 @@ fn to_request_message(m: &Message) -> ChatCompletionRequestMessage {
         Message::System(t) => {
             ChatCompletionRequestSystemMessage { content: t.as_str().into(), ..Default::default() }.into()
         }
-        Message::User(t) => ChatCompletionRequestUserMessage { content: t.as_str().into(), ..Default::default() }.into(),
+        Message::User(t) => {
+            ChatCompletionRequestUserMessage { content: t.as_str().into(), ..Default::default() }.into()
+        }
         Message::Assistant(t) => {
             ChatCompletionRequestAssistantMessage { content: Some(t.as_str().into()), ..Default::default() }.into()
         }
-    }
-}
-
-fn classify(error: OpenAIError, base_url: String) -> ModelError {
-    match error {
-        OpenAIError::ApiError(api) => {
-            let status = api.status_code.as_u16();
-            let message = api.api_error.message.clone();
-            match status {
-                401 | 403 => ModelError::Unauthorized { base_url, status, message },
-                429 => ModelError::RateLimited { base_url, message },
-                _ => ModelError::Status { base_url, status, message },
-            }
-        }
-        OpenAIError::Reqwest(e) if e.is_status() => {
-            let status = e.status().map(|s| s.as_u16()).unwrap_or(0);
-            match status {
-                401 | 403 => ModelError::Unauthorized { base_url, status, message: e.to_string() },
-                429 => ModelError::RateLimited { base_url, message: e.to_string() },
-                _ => ModelError::Status { base_url, status, message: e.to_string() },
-            }
-        }
-        OpenAIError::Reqwest(e) => ModelError::Unreachable { base_url, message: error_chain(&e) },
-        OpenAIError::JSONDeserialize(e, body) => {
-            let body: String = body.chars().take(200).collect();
-            ModelError::Malformed { base_url, message: format!("{e}; body starts with {body:?}") }
-        }
-        other => ModelError::Malformed { base_url, message: other.to_string() },
     }
 }
 
@@ -191,4 +332,83 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(retry: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(v) = retry {
+            h.insert(RETRY_AFTER, v.parse().unwrap());
+        }
+        h
+    }
+
+    const COMPLETION: &str = r#"{"id":"x","object":"chat.completion","created":1,"model":"m",
+        "choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}"#;
+
+    #[test]
+    fn answers_are_classified() {
+        let policy = RetryPolicy::default();
+        let ok = classify("http://m", StatusCode::OK, &headers(None), COMPLETION, &policy);
+        assert!(matches!(ok, Attempt::Done(ref t) if t == "hello"));
+
+        let unauthorized = classify(
+            "http://m",
+            StatusCode::UNAUTHORIZED,
+            &headers(None),
+            r#"{"error":{"message":"bad key"}}"#,
+            &policy,
+        );
+        let Attempt::Fail(e) = unauthorized else { panic!("401 is final") };
+        assert!(e.to_string().contains("refused the API key (401): bad key"), "{e}");
+
+        let limited = classify("http://m", StatusCode::TOO_MANY_REQUESTS, &headers(Some("7")), "{}", &policy);
+        assert!(matches!(limited, Attempt::Retry { wait, .. } if wait == Duration::from_secs(7)));
+        let limited = classify("http://m", StatusCode::TOO_MANY_REQUESTS, &headers(None), "{}", &policy);
+        assert!(matches!(limited, Attempt::Retry { wait, .. } if wait == policy.default_retry_after));
+
+        assert!(matches!(
+            classify("http://m", StatusCode::BAD_GATEWAY, &headers(None), "upstream down", &policy),
+            Attempt::Retry { error: ModelError::Status { status: 502, .. }, .. }
+        ));
+        assert!(matches!(
+            classify("http://m", StatusCode::BAD_REQUEST, &headers(None), "{}", &policy),
+            Attempt::Fail(ModelError::Status { status: 400, .. })
+        ));
+
+        let Attempt::Fail(e) = classify("http://m", StatusCode::OK, &headers(None), "<html>", &policy) else {
+            panic!("malformed is final for the attempt")
+        };
+        assert!(e.is_retryable() && e.to_string().contains("not a chat completion"), "{e}");
+        let empty = COMPLETION.replace("\"hello\"", "\"  \"");
+        let Attempt::Fail(e) = classify("http://m", StatusCode::OK, &headers(None), &empty, &policy) else {
+            panic!("no content")
+        };
+        assert!(e.to_string().contains("no message content"), "{e}");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_key() {
+        let s = ModelSettings { base_url: "http://m".into(), model: "m".into(), api_key: "sk-secret".into() };
+        assert!(!format!("{s:?}").contains("sk-secret"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_endpoint_fails_after_bounded_retries() {
+        // A port that was just free: nothing listens there.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let settings = ModelSettings {
+            base_url: format!("http://127.0.0.1:{port}/v1"),
+            model: "m".into(),
+            api_key: String::new(),
+        };
+        let retry = RetryPolicy { backoff: Duration::from_millis(1), ..RetryPolicy::default() };
+        let model = Model::new(settings, Duration::from_secs(5), retry).unwrap();
+        let e = model.complete(&[Message::User("hi".into())], Duration::from_secs(30)).await.unwrap_err();
+        assert!(matches!(e, ModelError::Unreachable { .. }), "{e}");
+        assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
+    }
 }

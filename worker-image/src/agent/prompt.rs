@@ -61,15 +61,19 @@ pub fn system_prompt(spec: &TaskSpec) -> String {
     )
 }
 
-/// Parameter names in Python order: required ones first, then optional ones, each in the
-/// schema's order. The harness maps positional arguments with the same order.
+/// Parameter names in Python order: required ones in the order of the schema's `required`
+/// list (an array, so its order survives storage that sorts object keys, as the Kubernetes
+/// API does), then optional ones in the schema's order. The harness maps positional
+/// arguments with the same order.
 pub fn parameters(tool: &ToolInfo) -> Vec<String> {
     let schema = &tool.input_schema;
-    let required: Vec<&str> =
-        schema["required"].as_array().map(|r| r.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
     let names: Vec<&String> = schema["properties"].as_object().map(|p| p.keys().collect()).unwrap_or_default();
-    let (req, opt): (Vec<&String>, Vec<&String>) = names.into_iter().partition(|n| required.contains(&n.as_str()));
-    req.into_iter().chain(opt).cloned().collect()
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(|v| v.as_str()).filter(|n| names.iter().any(|m| m == n)).collect())
+        .unwrap_or_default();
+    let optional = names.into_iter().filter(|n| !required.contains(&n.as_str())).cloned();
+    required.iter().map(|n| (*n).to_owned()).chain(optional).collect()
 }
 
 /// `name(arg: type, ...) -> returns: description` for the prompt.
@@ -164,12 +168,20 @@ pub fn observation(output: &str, error: Option<&str>) -> String {
     text
 }
 
-/// The observation when `final_answer` broke the result contract.
-pub fn contract_violation(errors: &[String]) -> String {
-    format!(
-        "Observation:\nfinal_answer was not accepted:\n- {}\nCall final_answer again with a corrected dict.",
+/// The observation when `final_answer` broke the result contract (with what the step printed).
+pub fn contract_violation(output: &str, errors: &[String]) -> String {
+    let mut text = String::from("Observation:\n");
+    if !output.is_empty() {
+        text.push_str(output);
+        if !output.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    text.push_str(&format!(
+        "final_answer was not accepted:\n- {}\nCall final_answer again with a corrected dict.",
         errors.join("\n- ")
-    )
+    ));
+    text
 }
 
 #[cfg(test)]
@@ -188,6 +200,15 @@ mod tests {
                 "required": ["spot"]}),
             output_schema: Some(json!({"type": "object", "properties": {"price": {"type": "number"}}})),
         }
+    }
+
+    #[test]
+    fn required_parameters_keep_their_declared_order_whatever_the_key_order() {
+        let mut t = tool();
+        t.input_schema = json!({"type": "object", "properties": {
+            "a_opt": {"type": "number"}, "rate": {"type": "number"}, "spot": {"type": "number"}},
+            "required": ["spot", "rate"]});
+        assert_eq!(parameters(&t), ["spot", "rate", "a_opt"]);
     }
 
     #[test]
@@ -228,6 +249,7 @@ mod tests {
         assert_eq!(observation("", None), "Observation:\n(the code printed nothing)\n");
         let o = observation("1\n", Some("Traceback...\nNameError: x"));
         assert!(o.contains("1\nError:\nTraceback") && o.ends_with("try again."));
-        assert!(contract_violation(&["summary is required".into()]).contains("- summary is required"));
+        assert!(contract_violation("", &["summary is required".into()]).contains("- summary is required"));
+        assert!(contract_violation("42\n", &["x".into()]).starts_with("Observation:\n42\nfinal_answer was not"));
     }
 }

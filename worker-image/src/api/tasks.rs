@@ -26,7 +26,12 @@ impl InternalApi {
     }
 
     /// Calls a tool as the task's owner.
-    pub async fn task_tool_call(&self, id: &str, tool: &str, arguments: &Map<String, Value>) -> Result<ToolOutcome, ApiError> {
+    pub async fn task_tool_call(
+        &self,
+        id: &str,
+        tool: &str,
+        arguments: &Map<String, Value>,
+    ) -> Result<ToolOutcome, ApiError> {
         let p = path::tool_call(id, tool);
         let body = Self::encode(&p, &ToolCallBody { arguments: arguments.clone() })?;
         self.json(Method::POST, &p, Some(body)).await
@@ -34,9 +39,14 @@ impl InternalApi {
 
     /// Saves an artifact under `outputs/`.
     pub async fn put_task_output(&self, id: &str, name: &str, bytes: Vec<u8>) -> Result<(), ApiError> {
-        self.send(Method::PUT, &protocol::path::task_output(id, name), Some(Bytes::from(bytes)), "application/octet-stream")
-            .await
-            .map(drop)
+        self.send(
+            Method::PUT,
+            &protocol::path::task_output(id, name),
+            Some(Bytes::from(bytes)),
+            "application/octet-stream",
+        )
+        .await
+        .map(drop)
     }
 
     /// Reads an artifact from `outputs/`.
@@ -51,7 +61,9 @@ impl InternalApi {
 
     /// Saves the code of one step.
     pub async fn put_task_action(&self, id: &str, step: u32, code: String) -> Result<(), ApiError> {
-        self.send(Method::PUT, &path::action(id, step), Some(Bytes::from(code)), "text/x-python; charset=utf-8").await.map(drop)
+        self.send(Method::PUT, &path::action(id, step), Some(Bytes::from(code)), "text/x-python; charset=utf-8")
+            .await
+            .map(drop)
     }
 
     /// Saves every tool call with its outcome.

@@ -1,19 +1,16 @@
-//! `toolyard-runner serve --port P -- CMD...`: the Pool-mode server of a warm pod (or a
-//! local warm worker of the embedded mode).
+//! `toolyard-runner serve --port P -- CMD...`: the Pool-mode server of a warm pod, a
+//! [`WorkerPool`] behind HTTP (the gateway's local mode calls its pools in-process instead).
 //!
 //! `POST /v1/call` with a call token signed by the pool's derived key runs one call: a fresh
 //! CMD process per call, or, with `--reuse`, a call on one of the long-lived JSON-lines
 //! workers (one per slot). At most `--concurrency` calls run and `--queue` wait; beyond that
 //! the answer is 503 with `Retry-After`. `GET /readyz` is 200 once the workers are up.
 
-mod admission;
 mod auth;
-mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,14 +22,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use clap::Args;
 use serde_json::json;
-use tokio::sync::Mutex;
 use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
-use toolyard_api::protocol::{CallErrorKind, CallResult};
+use toolyard_process::pool::{PoolCall, PoolSettings, Readiness, Refused, WorkerPool};
 
-use crate::capture::{Captured, DEFAULT_LOG_LIMIT};
-use crate::child::{self, RunSpec, StopReason};
-use admission::Admission;
-use worker::Worker;
+use crate::capture::DEFAULT_LOG_LIMIT;
+use crate::child::ToolCommand;
 
 /// Largest request body (the arguments).
 const MAX_REQUEST_BYTES: usize = 4 * 1024 * 1024;
@@ -69,8 +63,8 @@ pub struct ServeArgs {
     /// Bytes kept of each of a call's stdout and stderr.
     #[arg(long, env = "TOOLYARD_LOG_LIMIT", default_value_t = DEFAULT_LOG_LIMIT)]
     pub log_limit: usize,
-    /// Shut down when stdin closes: a local parent (the embedded gateway) keeps the pipe open
-    /// while it lives, so its workers never outlive it.
+    /// Shut down when stdin closes: a local parent keeps the pipe open while it lives, so its
+    /// workers never outlive it.
     #[arg(long)]
     pub exit_on_stdin_eof: bool,
     /// The tool command and its arguments.
@@ -81,15 +75,7 @@ pub struct ServeArgs {
 /// The server's shared state.
 struct Server {
     key: toolyard_api::token::SigningKey,
-    admission: Admission,
-    argv: Vec<String>,
-    kill_grace: Duration,
-    log_limit: usize,
-    startup_timeout: Duration,
-    /// Reuse mode: the idle workers (one per free slot; `None` where a start failed).
-    workers: Option<Mutex<Vec<Option<Worker>>>>,
-    ready: AtomicBool,
-    startup_error: std::sync::Mutex<Option<String>>,
+    pool: Arc<WorkerPool>,
 }
 
 /// Runs the server until SIGTERM or SIGINT.
@@ -98,86 +84,40 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let key = auth::load_key(args.key_file.as_deref(), key_env.as_deref()).map_err(anyhow::Error::msg)?;
     let kill_grace = Duration::try_from_secs_f64(args.kill_grace).context("--kill-grace must be non-negative")?;
     let slots = usize::from(args.concurrency);
-    let server = Arc::new(Server {
-        key,
-        admission: Admission::new(slots, usize::from(args.queue)),
-        argv: args.command,
+    let pool = WorkerPool::new(PoolSettings {
+        command: ToolCommand::new(args.command),
+        reuse: args.reuse,
+        concurrency: slots,
+        queue: usize::from(args.queue),
+        startup_timeout: Duration::from_secs(args.startup_timeout),
         kill_grace,
         log_limit: args.log_limit,
-        startup_timeout: Duration::from_secs(args.startup_timeout),
-        workers: args.reuse.then(|| Mutex::new(Vec::new())),
-        ready: AtomicBool::new(!args.reuse),
-        startup_error: std::sync::Mutex::new(None),
     });
+    let server = Arc::new(Server { key, pool: Arc::clone(&pool) });
 
     let listener = tokio::net::TcpListener::bind(SocketAddr::new(args.host, args.port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
-    if args.reuse {
-        // Before serving: a call never finds a slot without its worker because of start-up.
-        start_workers(&server, slots).await;
-    }
+    // Before serving: a call never finds a slot without its worker because of start-up.
+    pool.start().await;
     // The one line on stdout: how a parent that asked for port 0 learns the port.
     println!("listening on {addr}");
     tracing::info!(%addr, reuse = args.reuse, concurrency = slots, "pool server listening");
 
-    let app = Router::new()
-        .route(pool::CALL_PATH, post(call))
-        .route(pool::READY_PATH, get(ready))
-        .with_state(Arc::clone(&server));
+    let app = Router::new().route(pool::CALL_PATH, post(call)).route(pool::READY_PATH, get(ready)).with_state(server);
     axum::serve(listener, app).with_graceful_shutdown(shutdown_signal(args.exit_on_stdin_eof)).await?;
-    // Workers are killed with their process groups when the state drops.
-    drop(server);
+    // Idle workers are killed with their process groups.
+    pool.close();
     Ok(())
 }
 
-/// Starts one worker per slot, concurrently; a failed start leaves its slot empty (a call
-/// tries again) and makes `/readyz` answer 503 with the reason.
-async fn start_workers(server: &Arc<Server>, slots: usize) {
-    let handles: Vec<_> = (0..slots)
-        .map(|_| {
-            let server = Arc::clone(server);
-            tokio::spawn(async move { Worker::start(&server.argv, server.startup_timeout, server.log_limit).await })
-        })
-        .collect();
-    let mut workers = Vec::with_capacity(slots);
-    let mut first_error = None;
-    for handle in handles {
-        match handle.await {
-            Ok(Ok(worker)) => workers.push(Some(worker)),
-            Ok(Err(e)) => {
-                first_error.get_or_insert(e);
-                workers.push(None);
-            }
-            Err(e) => {
-                first_error.get_or_insert(format!("worker start panicked: {e}"));
-                workers.push(None);
-            }
-        }
-    }
-    if let Some(slot) = &server.workers {
-        *slot.lock().await = workers;
-    }
-    match first_error {
-        Some(error) => {
-            tracing::error!(%error, "worker start failed");
-            *server.startup_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-        }
-        None => {
-            tracing::info!(workers = slots, "workers ready");
-            server.ready.store(true, Ordering::Release);
-        }
-    }
-}
-
 async fn ready(State(server): State<Arc<Server>>) -> Response {
-    if server.ready.load(Ordering::Acquire) {
-        return (StatusCode::OK, axum::Json(json!({"ready": true}))).into_response();
+    match server.pool.readiness() {
+        Readiness::Ready => (StatusCode::OK, axum::Json(json!({"ready": true}))).into_response(),
+        Readiness::Starting => error_response(StatusCode::SERVICE_UNAVAILABLE, "workers are starting"),
+        Readiness::Failed(error) => error_response(StatusCode::SERVICE_UNAVAILABLE, &error),
     }
-    let error = server.startup_error.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let message = error.unwrap_or_else(|| "workers are starting".into());
-    error_response(StatusCode::SERVICE_UNAVAILABLE, &message)
 }
 
 async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body) -> Response {
@@ -198,92 +138,24 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     if request.timeout_ms == 0 || request.timeout_ms > MAX_CALL_MS {
         return error_response(StatusCode::BAD_REQUEST, &format!("timeoutMs must be between 1 and {MAX_CALL_MS}"));
     }
-    let Some(admitted) = server.admission.admit().await else {
-        let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, "every slot and the queue are busy");
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
+    let call = PoolCall {
+        id: &request.id,
+        arguments: &request.arguments,
+        timeout: Duration::from_millis(request.timeout_ms),
+        traceparent: request.traceparent.as_deref(),
     };
-    let timeout = Duration::from_millis(request.timeout_ms);
-    let (result, stdout, stderr) = match &server.workers {
-        None => {
-            let spec = RunSpec {
-                argv: server.argv.clone(),
-                stdin: serde_json::to_vec(&request.arguments).unwrap_or_default(),
-                traceparent: request.traceparent,
-                log_limit: server.log_limit,
-                kill_grace: server.kill_grace,
-            };
-            let output = child::run_once(spec, async {
-                tokio::time::sleep(timeout).await;
-                StopReason::Deadline(timeout)
-            })
-            .await;
-            drop(admitted);
-            (output.result, output.stdout, output.stderr)
+    let output = match server.pool.call(call).await {
+        Ok(output) => output,
+        Err(refused @ (Refused::Busy | Refused::Closed)) => {
+            let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, &refused.to_string());
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return response;
         }
-        Some(workers) => call_worker(&server, workers, &request.id, &request.arguments, timeout, admitted).await,
     };
+    let result = output.result;
     tracing::debug!(call = %request.id, ok = !result.is_error(), duration_ms = result.duration_ms, "pool call finished");
-    let response = PoolCallResponse { result, stdout: stdout.into_text(), stderr: stderr.into_text() };
+    let response = PoolCallResponse { result, stdout: output.stdout.into_text(), stderr: output.stderr.into_text() };
     (StatusCode::OK, axum::Json(response)).into_response()
-}
-
-/// One call on a reused worker: take an idle one (starting it if its slot has none or it
-/// died while idle), call it, and give it back — or replace it in the background.
-async fn call_worker(
-    server: &Arc<Server>,
-    workers: &Mutex<Vec<Option<Worker>>>,
-    id: &str,
-    arguments: &serde_json::Map<String, serde_json::Value>,
-    timeout: Duration,
-    admitted: admission::Admitted,
-) -> (CallResult, Captured, Captured) {
-    // Holding a slot guarantees an entry: there are as many entries as slots once started.
-    let taken = workers.lock().await.pop().flatten().and_then(|mut w| w.is_alive().then_some(w));
-    let mut worker = match taken {
-        Some(w) => w,
-        None => match Worker::start(&server.argv, server.startup_timeout, server.log_limit).await {
-            Ok(w) => {
-                server.mark_started();
-                w
-            }
-            Err(e) => {
-                workers.lock().await.push(None);
-                let result = CallResult::err(CallErrorKind::SpawnFailed, e, None, 0);
-                return (result, Captured::default(), Captured::default());
-            }
-        },
-    };
-    let outcome = worker.call(id, arguments, timeout).await;
-    if outcome.reusable {
-        workers.lock().await.push(Some(worker));
-        drop(admitted);
-    } else {
-        drop(worker);
-        tracing::warn!(call = %id, "replacing the worker");
-        let server = Arc::clone(server);
-        tokio::spawn(async move {
-            let replacement = Worker::start(&server.argv, server.startup_timeout, server.log_limit).await;
-            match &replacement {
-                Ok(_) => server.mark_started(),
-                Err(e) => tracing::error!(error = %e, "worker restart failed"),
-            }
-            if let Some(workers) = &server.workers {
-                workers.lock().await.push(replacement.ok());
-            }
-            drop(admitted);
-        });
-    }
-    (outcome.result, Captured::default(), outcome.stderr)
-}
-
-impl Server {
-    /// A worker started after a failed start-up: the server is ready again.
-    fn mark_started(&self) {
-        if !self.ready.swap(true, Ordering::AcqRel) {
-            self.startup_error.lock().unwrap_or_else(|e| e.into_inner()).take();
-        }
-    }
 }
 
 fn error_response(status: StatusCode, message: &str) -> Response {

@@ -5,17 +5,16 @@
 //! which is captured and handed out per call. A worker that dies, hangs past a call's
 //! deadline or breaks the protocol is killed with its process group and replaced.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStdin, ChildStdout};
 use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 
 use crate::capture::{Capture, Captured};
-use crate::child::{ProcessGroup, SCRUBBED_ENV, StopReason};
+use crate::child::{ProcessGroup, StopReason, ToolCommand};
 use crate::outcome::{Exit, MAX_RESULT_BYTES, signal_name};
 
 /// Longest answer line accepted (the result plus its envelope).
@@ -29,6 +28,13 @@ pub struct Worker {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     stderr: Capture,
+}
+
+/// One request line of the jsonl protocol.
+#[derive(Serialize)]
+struct Request<'a> {
+    id: &'a str,
+    arguments: &'a Map<String, Value>,
 }
 
 /// One answer line of the jsonl protocol.
@@ -58,22 +64,14 @@ pub struct WorkerCall {
 
 impl Worker {
     /// Starts the command and waits for its `{"ready": true}` line.
-    pub async fn start(argv: &[String], startup_timeout: Duration, log_limit: usize) -> Result<Self, String> {
-        let (program, args) = argv.split_first().ok_or("the tool command is empty")?;
-        let mut command = Command::new(program);
+    pub async fn start(tool: &ToolCommand, startup_timeout: Duration, log_limit: usize) -> Result<Self, String> {
+        let mut command = tool.command()?;
         command
-            .args(args)
-            .process_group(0)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .env(env::PROTOCOL, "jsonl")
             .env_remove(env::RESULT_FILE)
             .env_remove(env::ERROR_FILE)
             .env_remove(env::TRACEPARENT);
-        for name in SCRUBBED_ENV {
-            command.env_remove(name);
-        }
+        let program = tool.program();
         let mut child = command.spawn().map_err(|e| format!("cannot start the worker command {program:?}: {e}"))?;
         let group = ProcessGroup::new(child.id());
         let (Some(stdin), Some(stdout), Some(stderr_pipe)) =
@@ -124,7 +122,7 @@ impl Worker {
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.stderr.take();
         let exchange = async {
-            let mut line = serde_json::to_vec(&json!({"id": id, "arguments": arguments})).map_err(|e| e.to_string())?;
+            let mut line = serde_json::to_vec(&Request { id, arguments }).map_err(|e| e.to_string())?;
             line.push(b'\n');
             self.stdin.write_all(&line).await.map_err(|e| format!("cannot write to the worker: {e}"))?;
             self.stdin.flush().await.map_err(|e| format!("cannot write to the worker: {e}"))?;
@@ -214,6 +212,8 @@ fn answer_result(answer: Answer, ms: u64) -> CallResult {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -1,11 +1,11 @@
 //! Running the tool command once, as a fresh process in its own process group.
 //!
 //! The arguments go to its stdin as JSON; it gets `TOOLYARD_RESULT_FILE` and
-//! `TOOLYARD_ERROR_FILE` in a private temporary folder, `TRACEPARENT`, and the runner's
-//! environment without the runner's credentials. Its stdout and stderr are captured
-//! (bounded). At a stop (deadline or SIGTERM) the whole group gets SIGTERM, then SIGKILL
-//! after a short grace; when the command ends, whatever it left behind in its group is
-//! killed too, so a call's processes end with the call.
+//! `TOOLYARD_ERROR_FILE` in a private temporary folder, `TRACEPARENT`, and the environment of
+//! this process without its credentials (see [`ToolCommand`]). Its stdout and stderr are
+//! captured (bounded). At a stop (deadline or SIGTERM) the whole group gets SIGTERM, then
+//! SIGKILL after a short grace; when the command ends, whatever it left behind in its group
+//! is killed too, so a call's processes end with the call.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,53 @@ use crate::outcome::{self, Exit, Finished};
 
 /// Variables of the runner that never reach the tool command: the tool gets no credentials.
 pub const SCRUBBED_ENV: &[&str] = &[env::TOKEN, env::GATEWAY_URL, pool::env::KEY, pool::env::KEY_FILE];
+
+/// How the tool command is started: program and arguments, and where it runs with which
+/// variables. It inherits this process's environment minus [`SCRUBBED_ENV`] and
+/// [`ToolCommand::env_remove`], plus [`ToolCommand::env`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCommand {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory (default: this process's).
+    pub cwd: Option<PathBuf>,
+    /// Variables set for the tool.
+    pub env: Vec<(String, String)>,
+    /// Variables of this process the tool must not inherit (e.g. a gateway's own settings).
+    pub env_remove: Vec<String>,
+}
+
+impl ToolCommand {
+    /// `argv` with this process's folder and environment.
+    pub fn new(argv: Vec<String>) -> Self {
+        Self { argv, ..Self::default() }
+    }
+
+    /// A command in a process group of its own, with stdin, stdout and stderr piped and the
+    /// environment prepared (the caller adds the protocol's variables).
+    pub fn command(&self) -> Result<Command, String> {
+        let (program, args) = self.argv.split_first().ok_or("the tool command is empty")?;
+        let mut command = Command::new(program);
+        command.args(args).process_group(0).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        if let Some(dir) = &self.cwd {
+            command.current_dir(dir);
+        }
+        for name in &self.env_remove {
+            command.env_remove(name);
+        }
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        // Last: not even the tool's own variables may carry the runner's credentials.
+        for name in SCRUBBED_ENV {
+            command.env_remove(name);
+        }
+        Ok(command)
+    }
+
+    /// The program, for messages.
+    pub fn program(&self) -> &str {
+        self.argv.first().map_or("", String::as_str)
+    }
+}
 
 /// How long to wait for pipes to close after the process group is gone (a process that left
 /// the group may still hold them).
@@ -57,8 +104,8 @@ fn human_duration(d: Duration) -> String {
 /// One fresh run of the tool command.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
-    /// Program and arguments.
-    pub argv: Vec<String>,
+    /// The tool command.
+    pub command: ToolCommand,
     /// Bytes for the command's stdin (the arguments as JSON).
     pub stdin: Vec<u8>,
     /// W3C trace context passed on as `TRACEPARENT`.
@@ -161,29 +208,21 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
     let result_file = dir.path().join("result.json");
     let error_file = dir.path().join("error.txt");
 
-    let Some((program, args)) = spec.argv.split_first() else {
-        return fail(CallErrorKind::SpawnFailed, "the tool command is empty".into());
+    let mut command = match spec.command.command() {
+        Ok(command) => command,
+        Err(e) => return fail(CallErrorKind::SpawnFailed, e),
     };
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .process_group(0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env(env::RESULT_FILE, &result_file)
-        .env(env::ERROR_FILE, &error_file)
-        .env_remove(env::PROTOCOL);
-    for name in SCRUBBED_ENV {
-        command.env_remove(name);
-    }
+    command.env(env::RESULT_FILE, &result_file).env(env::ERROR_FILE, &error_file).env_remove(env::PROTOCOL);
     match &spec.traceparent {
         Some(tp) => command.env(env::TRACEPARENT, tp),
         None => command.env_remove(env::TRACEPARENT),
     };
     let mut child = match command.spawn() {
         Ok(child) => child,
-        Err(e) => return fail(CallErrorKind::SpawnFailed, format!("cannot start the tool command {program:?}: {e}")),
+        Err(e) => {
+            let program = spec.command.program();
+            return fail(CallErrorKind::SpawnFailed, format!("cannot start the tool command {program:?}: {e}"));
+        }
     };
     let group = ProcessGroup::new(child.id());
 

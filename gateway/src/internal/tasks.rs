@@ -1,0 +1,226 @@
+//! The coding-task routes of the internal API, as a task's agent uses them with its task
+//! token. The task is the one the token names (kind `task`, same id); its record comes from
+//! the [`TaskBackend`] and must have the token's owner; storage is addressed through that
+//! owner. Tool calls run as the owner, with the same authorization and argument validation
+//! as a direct call; each is a call like any other (a ToolCall on Kubernetes) naming the task
+//! as its parent.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use toolyard_api::agent::{ArtifactEntry, TaskResult, TaskSpec, ToolCallBody, ToolOutcome};
+use toolyard_api::protocol::structured_content;
+use toolyard_api::storage::{RunId, TaskFile};
+use toolyard_api::token::RunKind;
+
+use super::InternalState;
+use super::auth::RunClaims;
+use super::error::ApiError;
+use super::handlers::read_body;
+use crate::authz::Authorizer;
+use crate::catalog::ToolCatalog;
+use crate::executor::{CallRequest, Executor};
+use crate::identity::Identity;
+use crate::mcp::errors::unknown_tool;
+use crate::tasks::view::{self, task_path};
+use crate::tasks::{TaskBackend, TaskRecord, tools};
+
+type St = State<Arc<InternalState>>;
+
+/// Largest step code accepted.
+const MAX_ACTION_BYTES: usize = 1024 * 1024;
+/// Largest `tool_calls.json` accepted.
+const MAX_TOOL_CALLS_BYTES: usize = 16 * 1024 * 1024;
+/// Largest tool call body accepted.
+const MAX_CALL_BYTES: usize = 4 * 1024 * 1024;
+
+/// What the task routes need besides storage.
+#[derive(Clone)]
+pub struct TaskApi {
+    /// Where tasks run.
+    pub backend: Arc<dyn TaskBackend>,
+    /// Which tools exist.
+    pub catalog: Arc<dyn ToolCatalog>,
+    /// Who may call what (the same decisions as for direct calls).
+    pub authorizer: Arc<dyn Authorizer>,
+    /// Runs the tasks' tool calls.
+    pub executor: Arc<dyn Executor>,
+}
+
+/// The task routes' context, or 503 when this gateway has no task backend.
+fn api(state: &InternalState) -> Result<&TaskApi, ApiError> {
+    state.tasks.as_ref().ok_or_else(|| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "coding tasks are not configured on this gateway")
+    })
+}
+
+/// The token's task, with its record.
+async fn task_of(state: &InternalState, claims: &RunClaims, id: &str) -> Result<(RunId, TaskRecord), ApiError> {
+    let id = claims.require(RunKind::Task, id)?;
+    let record = api(state)?
+        .backend
+        .for_runner(&claims.0.ns, &id, &claims.owner_key())
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such task"))?;
+    Ok((id, record))
+}
+
+/// `GET tasks/{id}/spec`: prompt, the tools the owner may call within the task's selection,
+/// budgets, deadline and the artifact size cap.
+pub async fn spec(State(state): St, claims: RunClaims, Path(id): Path<String>) -> Result<Json<TaskSpec>, ApiError> {
+    let (id, record) = task_of(&state, &claims, &id).await?;
+    let api = api(&state)?;
+    let owner = Identity::from_owner(&claims.0.owner);
+    let allowed = tools::allowed(api.catalog.as_ref(), &api.authorizer, &owner, &record.tools).await?;
+    Ok(Json(TaskSpec {
+        id: id.to_string(),
+        prompt: record.prompt.clone(),
+        tools: allowed.iter().map(|t| tools::info(t)).collect(),
+        budgets: record.budgets.clone(),
+        deadline_unix_ms: record.deadline_ms(),
+        max_artifact_bytes: state.limits.output_bytes as u64,
+    }))
+}
+
+/// `POST tasks/{id}/tools/{tool}/call`: one tool call as the task's owner.
+pub async fn tool_call(
+    State(state): St,
+    claims: RunClaims,
+    Path((id, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<ToolOutcome>, ApiError> {
+    let (id, record) = task_of(&state, &claims, &id).await?;
+    if record.phase.is_finished() {
+        return Err(ApiError::new(StatusCode::CONFLICT, "the task has ended"));
+    }
+    let api = api(&state)?;
+    let bytes = read_body(&headers, body, MAX_CALL_BYTES, "the tool call").await?;
+    let call: ToolCallBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a tool call: {e}")))?;
+    let owner = Identity::from_owner(&claims.0.owner);
+    let outcome = |text: String| ToolOutcome { is_error: true, structured_content: None, text, call_id: None };
+
+    let resolved = tools::resolve(api.catalog.as_ref(), api.authorizer.as_ref(), &owner, &record.tools, &name).await?;
+    let Some(tool) = resolved else {
+        tracing::info!(task = %id, "a task asked for a tool it may not use or that does not exist");
+        return Ok(Json(outcome(unknown_tool(&name).message.to_string())));
+    };
+    let arguments = Value::Object(call.arguments);
+    if let Err(problems) = tool.validate(&arguments) {
+        return Ok(Json(outcome(format!("invalid arguments: {problems}"))));
+    }
+    let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
+
+    let call_id = crate::mcp::new_call_id(tool.name());
+    // The agent's request going away (agent killed) cancels the call.
+    let cancel = CancellationToken::new();
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let request = CallRequest {
+        id: call_id.clone(),
+        tool: tool.clone(),
+        caller: owner,
+        arguments,
+        traceparent: None,
+        parent_task: Some(id.clone()),
+        cancel,
+        cancel_key: None,
+    };
+    tracing::info!(task = %id, tool = %tool.name(), call = %call_id, "task tool call");
+    match api.executor.call(request).await {
+        Ok(result) => Ok(Json(match (result.error, result.value) {
+            (Some(error), _) => ToolOutcome {
+                is_error: true,
+                structured_content: None,
+                text: error.message,
+                call_id: Some(call_id.to_string()),
+            },
+            (None, value) => {
+                let value = value.unwrap_or(Value::Null);
+                ToolOutcome {
+                    is_error: false,
+                    text: serde_json::to_string(&value).unwrap_or_default(),
+                    structured_content: Some(Value::Object(structured_content(&value))),
+                    call_id: Some(call_id.to_string()),
+                }
+            }
+        })),
+        Err(e) => {
+            tracing::warn!(task = %id, error = %e, "a task's tool call failed in the platform");
+            Ok(Json(ToolOutcome { call_id: Some(call_id.to_string()), ..outcome(e.public_message()) }))
+        }
+    }
+}
+
+/// `GET tasks/{id}/outputs`: the artifacts, listed from storage.
+pub async fn outputs(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<ArtifactEntry>>, ApiError> {
+    let id = claims.require(RunKind::Task, &id)?;
+    Ok(Json(view::artifacts(state.store.as_ref(), &claims.owner_key(), &id).await?))
+}
+
+/// `PUT tasks/{id}/actions/{step}`: the code of one step.
+pub async fn action(
+    State(state): St,
+    claims: RunClaims,
+    Path((id, step)): Path<(String, u32)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Task, &id)?;
+    let owner = claims.owner_key();
+    let bytes = read_body(&headers, body, MAX_ACTION_BYTES, "the step's code").await?;
+    state.store.put(&owner, &task_path(&owner, &id, &TaskFile::Action(step)), bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT tasks/{id}/tool_calls`: every tool call of the task with its outcome.
+pub async fn tool_calls(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Task, &id)?;
+    let owner = claims.owner_key();
+    let bytes = read_body(&headers, body, MAX_TOOL_CALLS_BYTES, "tool_calls.json").await?;
+    if !matches!(serde_json::from_slice::<Value>(&bytes), Ok(Value::Array(_))) {
+        return Err(ApiError::bad_request("tool_calls.json must be a JSON array"));
+    }
+    state.store.put(&owner, &task_path(&owner, &id, &TaskFile::ToolCalls), bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT tasks/{id}/result`: stores `result.json` (artifacts re-listed from storage, never
+/// taken from the upload), then the backend records it.
+pub async fn result(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let (id, _record) = task_of(&state, &claims, &id).await?;
+    let owner = claims.owner_key();
+    let bytes = read_body(&headers, body, state.limits.result_bytes, "the result").await?;
+    let mut result: TaskResult = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a task result: {e}")))?;
+    result.artifacts = view::artifacts(state.store.as_ref(), &owner, &id).await?;
+    let canonical = serde_json::to_vec(&result).map_err(|e| crate::Error::Internal(e.to_string()))?;
+    state.store.put(&owner, &task_path(&owner, &id, &TaskFile::Result), Bytes::from(canonical)).await?;
+    tracing::info!(task = %id, status = ?result.status, "task result stored");
+    if let Err(e) = api(&state)?.backend.record_result(&claims.0.ns, &id, &owner, &result).await {
+        tracing::warn!(task = %id, error = %e, "recording the task result failed");
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the result was stored but not recorded; retry"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}

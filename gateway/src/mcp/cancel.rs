@@ -1,0 +1,168 @@
+//! MCP-level cancellation over a stateless transport.
+//!
+//! A client cancels a running `tools/call` with `notifications/cancelled` naming the
+//! request's id. With no session, that notification is a separate POST which may reach
+//! another replica, and rmcp's stateless transport drops notifications before any handler
+//! sees them. So the HTTP layer ([`crate::app`]) reads it itself and calls [`on_cancelled`]:
+//!
+//! - calls waited on by this process are found in the in-process [`CancelRegistry`], keyed
+//!   by a [`cancel_key`] of the caller's owner key and the request id (a client can only
+//!   cancel its own user's calls), and cancelled through their token;
+//! - every executor is also asked ([`crate::executor::Executor::cancel_by_key`]): on
+//!   Kubernetes each ToolCall carries the key as a label, so any replica finds it and sets
+//!   `spec.cancelRequested`.
+//!
+//! Request ids are chosen by clients, so two concurrent clients of the same user may use the
+//! same id; a cancellation then stops both calls. Calls of other users are never touched.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use toolyard_api::OwnerKey;
+
+use crate::identity::Identity;
+use crate::state::AppState;
+
+/// The key of a call: 32 hex characters of SHA-256(owner key, 0, request id as JSON). A
+/// valid label value, and neither reveals the user nor lets another user guess it.
+pub fn cancel_key(owner: &OwnerKey, request_id: &Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(owner.as_str().as_bytes());
+    hasher.update([0u8]);
+    hasher.update(serde_json::to_string(request_id).unwrap_or_default().as_bytes());
+    hasher.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Calls waited on by this process, by cancel key.
+#[derive(Debug, Default)]
+pub struct CancelRegistry {
+    calls: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
+    next: AtomicU64,
+}
+
+/// Removes a registration when the call ends.
+#[derive(Debug)]
+pub struct Registration<'a> {
+    registry: &'a CancelRegistry,
+    key: String,
+    n: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut calls = self.registry.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(list) = calls.get_mut(&self.key) {
+            list.retain(|(n, _)| *n != self.n);
+            if list.is_empty() {
+                calls.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl CancelRegistry {
+    /// Registers `token` under `key` until the returned guard is dropped.
+    pub fn register(&self, key: String, token: CancellationToken) -> Registration<'_> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).entry(key.clone()).or_default().push((n, token));
+        Registration { registry: self, key, n }
+    }
+
+    /// Cancels every call registered under `key`; returns how many.
+    pub fn cancel(&self, key: &str) -> usize {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let list = calls.get(key).map(Vec::as_slice).unwrap_or_default();
+        for (_, token) in list {
+            token.cancel();
+        }
+        list.len()
+    }
+
+    /// Calls registered now (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).values().map(Vec::len).sum()
+    }
+
+    /// True when no call is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The request id a JSON-RPC `notifications/cancelled` body names, if that is what it is.
+pub fn cancelled_request_id(body: &[u8]) -> Option<Value> {
+    let message: Value = serde_json::from_slice(body).ok()?;
+    if message.get("method").and_then(Value::as_str) != Some("notifications/cancelled") || message.get("id").is_some() {
+        return None;
+    }
+    let id = message.get("params")?.get("requestId")?;
+    (id.is_string() || id.is_i64() || id.is_u64()).then(|| id.clone())
+}
+
+/// Handles a `notifications/cancelled` from `who` for `request_id`: cancels the calls this
+/// process waits on, then asks the executor to cancel runs started elsewhere.
+pub async fn on_cancelled(state: &AppState, who: &Identity, request_id: &Value) {
+    let owner = who.owner_key();
+    let key = cancel_key(&owner, request_id);
+    let here = state.cancels.cancel(&key);
+    let elsewhere = match state.executor.cancel_by_key(&owner, &key).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!(error = %e, "cancelling runs by request failed");
+            0
+        }
+    };
+    tracing::info!(here, elsewhere, "notifications/cancelled handled");
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn keys_separate_users_and_ids() {
+        let alice = OwnerKey::derive("apikey", "alice");
+        let bob = OwnerKey::derive("apikey", "bob");
+        let k = cancel_key(&alice, &json!(5));
+        assert_eq!(k.len(), 32);
+        assert_eq!(k, cancel_key(&alice, &json!(5)));
+        assert_ne!(k, cancel_key(&bob, &json!(5)));
+        assert_ne!(k, cancel_key(&alice, &json!("5")));
+    }
+
+    #[test]
+    fn only_cancel_notifications_are_read() {
+        let n = br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7,"reason":"x"}}"#;
+        assert_eq!(cancelled_request_id(n), Some(json!(7)));
+        let s = br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"a"}}"#;
+        assert_eq!(cancelled_request_id(s), Some(json!("a")));
+        for other in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#[..],
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{}}"#,
+            br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":{"x":1}}}"#,
+            b"not json",
+        ] {
+            assert_eq!(cancelled_request_id(other), None);
+        }
+    }
+
+    #[test]
+    fn registrations_cancel_and_clean_up() {
+        let registry = CancelRegistry::default();
+        let token = CancellationToken::new();
+        {
+            let _r = registry.register("k".into(), token.clone());
+            assert_eq!(registry.len(), 1);
+            assert_eq!(registry.cancel("other"), 0);
+            assert_eq!(registry.cancel("k"), 1);
+        }
+        assert!(token.is_cancelled());
+        assert!(registry.is_empty());
+    }
+}

@@ -1,0 +1,564 @@
+//! Coding tasks on the embedded mode, end to end: the real `toolyard-gateway local` binary
+//! (model settings from its environment), the real `toolyard-runner agent` child process with
+//! its Python harness, real tool processes, the local folder store, a real MCP client — and
+//! the deterministic scripted model server in place of an LLM.
+
+mod coding_support;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use coding_support::{Client, MODEL_ID, MODEL_KEY, call, call_text, connect, ok, structured, text_of, wait_final};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, TaskStatus as McpTaskStatus,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::model_server::{Gate, Reply, ScriptedModel, Turn, wait_for_requests};
+use toolyard_tests::repo_path;
+
+const TOKEN: &str = "ty_coding-local-test-token-0001";
+
+/// A running `toolyard-gateway local`.
+struct LocalGateway {
+    child: tokio::process::Child,
+    url: String,
+    log: PathBuf,
+}
+
+/// Model settings given to the gateway's environment.
+enum ModelEnv<'a> {
+    Scripted(&'a ScriptedModel),
+    Url(String),
+    None,
+}
+
+impl LocalGateway {
+    async fn start(tools: &Path, data: &Path, model: ModelEnv<'_>, extra: &[&str]) -> Self {
+        let log = data.with_extension(format!("{}.log", toolyard_tests::random_suffix(6)));
+        let mut command = tokio::process::Command::new(local::binary("toolyard-gateway"));
+        command
+            .arg("local")
+            .arg(tools)
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--listen", "127.0.0.1:0", "--token", TOKEN, "--kill-grace", "0.5"])
+            .args(["--runner", local::binary("toolyard-runner").to_str().expect("utf-8"), "--python", &local::python()])
+            .args(extra)
+            .env_remove("TOOLYARD_MODEL_BASE_URL")
+            .env_remove("TOOLYARD_MODEL")
+            .env_remove("TOOLYARD_MODEL_API_KEY")
+            .env("RUST_LOG", "info,toolyard_gateway=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .kill_on_drop(true);
+        match model {
+            ModelEnv::Scripted(m) => {
+                command
+                    .env("TOOLYARD_MODEL_BASE_URL", m.base_url())
+                    .env("TOOLYARD_MODEL", MODEL_ID)
+                    .env("TOOLYARD_MODEL_API_KEY", m.api_key());
+            }
+            ModelEnv::Url(url) => {
+                command.env("TOOLYARD_MODEL_BASE_URL", url).env("TOOLYARD_MODEL", MODEL_ID);
+            }
+            ModelEnv::None => {}
+        }
+        let mut child = command.spawn().expect("the gateway starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let mut url = None;
+        while url.is_none() {
+            let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+                .await
+                .expect("the banner")
+                .expect("read");
+            let Some(line) = line else {
+                panic!("the gateway exited: {}", std::fs::read_to_string(&log).unwrap_or_default())
+            };
+            url = line.trim().strip_prefix("MCP URL:").map(|u| u.trim().to_owned());
+        }
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self { child, url: url.expect("url"), log }
+    }
+
+    async fn client(&self) -> Client {
+        connect(&self.url, TOKEN, false).await
+    }
+
+    fn dump_log(&self) {
+        eprintln!("----- gateway log -----\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+    }
+
+    /// SIGTERM, as a user stopping it, and wait.
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+}
+
+/// The pricing tools plus a policy allowing only some of them, in a temp folder.
+fn policy_file(dir: &TempDir, tools: &[&str]) -> PathBuf {
+    let path = dir.path().join("policy.yaml");
+    let tools: Vec<String> = tools.iter().map(|t| format!("\"{t}\"")).collect();
+    std::fs::write(
+        &path,
+        format!("rules:\n  - users: [local]\n    tools: [{}]\n    codingTasks: true\n", tools.join(", ")),
+    )
+    .expect("policy");
+    path
+}
+
+async fn run_task(client: &Client, arguments: Value) -> Value {
+    let result = call(client, "run_coding_task", arguments).await;
+    structured(&result)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pricing_task_computes_saves_and_reads_back_its_scenarios_on_the_embedded_mode() {
+    let model = ScriptedModel::start(MODEL_KEY, coding_support::pricing_turns()).await;
+    let data = TempDir::new("coding-local-pricing");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+
+    let names: Vec<String> =
+        client.list_all_tools().await.expect("tools/list").into_iter().map(|t| t.name.to_string()).collect();
+    for builtin in [
+        "run_coding_task",
+        "get_task_result",
+        "list_tasks",
+        "cancel_task",
+        "list_artifacts",
+        "read_artifact",
+        "tool_search",
+    ] {
+        assert!(names.iter().any(|n| n == builtin), "{builtin} in {names:?}");
+    }
+
+    let result =
+        run_task(&client, json!({"task": coding_support::PRICING_TASK, "tools": ["price_option", "calc_greeks"]}))
+            .await;
+    if result["status"] != "success" {
+        gateway.dump_log();
+    }
+    assert!(model.failures().is_empty(), "the model was sent what the script expects: {:?}", model.failures());
+    assert_eq!(model.remaining(), 0);
+    coding_support::check_pricing(&client, &result, &model.requests()).await;
+
+    // Progress notifications came while it ran; the first names the task.
+    let progress = coding_support::progress_of(&client);
+    assert!(progress.len() >= 2, "{progress:?}");
+    assert!(progress[0].message.as_deref().unwrap_or_default().contains(result["task_id"].as_str().unwrap()));
+    assert!(progress.windows(2).all(|w| w[1].progress > w[0].progress), "progress only grows: {progress:?}");
+    assert!(
+        progress.iter().any(|p| p.message.as_deref().unwrap_or_default().contains("calling price_option")),
+        "{progress:?}"
+    );
+
+    // Only the tools the task was given: the agent's system prompt lists just those two.
+    let system = coding_support::system_prompt(&model.requests()[0]);
+    assert!(!system.contains("get_quote"), "{system}");
+
+    // tool_search finds tools by words.
+    let found = ok(&call(&client, "tool_search", json!({"query": "greeks"})).await);
+    assert_eq!(found["tools"].as_array().map(|t| t.len()), Some(1), "{found}");
+    assert_eq!(found["tools"][0]["name"], "calc_greeks");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
+    let gate = Gate::new();
+    let model = ScriptedModel::start(MODEL_KEY, vec![]).await;
+    let data = TempDir::new("coding-local-failures");
+    let dir = TempDir::new("coding-local-policy");
+    // The local user may call the pricing functions but not the quote tools.
+    let policy = policy_file(&dir, &["price_option", "calc_greeks"]);
+    let gateway = LocalGateway::start(
+        &repo_path("examples/pricing"),
+        data.path(),
+        ModelEnv::Scripted(&model),
+        &["--policy", policy.to_str().expect("utf-8")],
+    )
+    .await;
+    let client = gateway.client().await;
+
+    // A tool its owner may not call is as unknown to the agent as a tool that does not exist.
+    model.push(vec![
+        Turn::code(
+            "for name in ('get_quote', 'no_such_tool'):\n    \
+                 try:\n        \
+                     globals()[name](symbol='AAPL')\n    \
+                 except Exception as e:\n        \
+                     print(name, '->', type(e).__name__, str(e).replace(name, 'X'))",
+        ),
+        Turn::code("final_answer({'task_type': 'unsupported', 'summary': 'No quote tool is available to me.'})")
+            .expecting("get_quote -> KeyError 'X'")
+            .expecting("no_such_tool -> KeyError 'X'"),
+    ]);
+    let result = run_task(&client, json!({"task": "What is the AAPL quote?"})).await;
+    assert_eq!(
+        (result["status"].as_str(), result["task_type"].as_str()),
+        (Some("success"), Some("unsupported")),
+        "{result}"
+    );
+    let system = coding_support::system_prompt(&model.requests()[0]);
+    assert!(system.contains("price_option(") && !system.contains("get_quote"), "{system}");
+
+    // Budget exhaustion: two steps without a final answer.
+    let before = model.requests().len();
+    model.push(vec![Turn::code("print('thinking')"), Turn::code("print('still thinking')")]);
+    let result = run_task(&client, json!({"task": "loop", "budgets": {"max_steps": 2}})).await;
+    assert_eq!((result["status"].as_str(), result["task_type"].as_str()), (Some("failed"), Some("failed")), "{result}");
+    assert!(result["error"].as_str().unwrap().contains("step budget of 2 was exhausted"), "{result}");
+    assert_eq!(model.requests().len() - before, 2);
+
+    // The tool call budget.
+    model.push(vec![Turn::code(
+        "for s in (90, 100):\n    print(price_option(spot=s, strike=100, time_to_expiry=0.25, volatility=0.25, rate=0.04))",
+    )]);
+    let result = run_task(&client, json!({"task": "price twice", "budgets": {"max_tool_calls": 1}})).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(result["error"].as_str().unwrap().contains("tool call budget of 1 was exhausted"), "{result}");
+    assert_eq!(result["tool_calls"], 1);
+
+    // The deadline: a step that sleeps past it.
+    model.push(vec![Turn::code("import time\ntime.sleep(120)")]);
+    let result = run_task(&client, json!({"task": "sleep", "budgets": {"timeout_seconds": 10}})).await;
+    assert_eq!(result["status"], "timed_out", "{result}");
+    assert!(result["error"].as_str().unwrap().contains("deadline"), "{result}");
+
+    // Cancel: the model takes its time; the task is cancelled meanwhile.
+    let before = model.requests().len();
+    model.push(vec![Turn::code("print('never')").held(&gate)]);
+    let waiting = {
+        let client = gateway.client().await;
+        tokio::spawn(async move { structured(&call(&client, "run_coding_task", json!({"task": "slow"})).await) })
+    };
+    wait_for_requests(&model, before + 1, Duration::from_secs(60)).await.expect("the agent asks the model");
+    let running = ok(&call(&client, "list_tasks", json!({"status": "running"})).await);
+    let task = running["tasks"][0]["task_id"].as_str().expect("a running task").to_owned();
+    let cancelled = ok(&call(&client, "cancel_task", json!({"task_id": task})).await);
+    assert_eq!(cancelled["cancel_requested"], true, "{cancelled}");
+    let result = tokio::time::timeout(Duration::from_secs(60), waiting).await.expect("the wait ends").expect("join");
+    gate.open();
+    assert_eq!(
+        (result["task_id"].as_str(), result["status"].as_str()),
+        (Some(task.as_str()), Some("cancelled")),
+        "{result}"
+    );
+    let again = ok(&call(&client, "cancel_task", json!({"task_id": task})).await);
+    assert_eq!((again["status"].as_str(), again["cancel_requested"].as_bool()), (Some("cancelled"), Some(false)));
+
+    // Unknown ids answer alike, whatever the tool.
+    for tool in ["get_task_result", "cancel_task", "list_artifacts"] {
+        let r = call(&client, tool, json!({"task_id": "task-000000000000"})).await;
+        assert_eq!((r.is_error, text_of(&r)), (Some(true), "no such task: \"task-000000000000\"".to_owned()), "{tool}");
+    }
+    let r = call(&client, "read_artifact", json!({"task_id": "task-000000000000", "filename": "result.json"})).await;
+    assert_eq!(text_of(&r), "no such task: \"task-000000000000\"");
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedded_mode() {
+    // No model configured: direct calls work, run_coding_task says what to set, at once.
+    let data = TempDir::new("coding-local-nomodel");
+    let gateway = LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::None, &[]).await;
+    let client = gateway.client().await;
+    ok(&call(&client, "price_option", coding_support::scenario(100.0)).await);
+    let refused = call(&client, "run_coding_task", json!({"task": "anything"})).await;
+    assert_eq!(refused.is_error, Some(true));
+    let message = text_of(&refused);
+    assert!(message.contains("set TOOLYARD_MODEL_BASE_URL and TOOLYARD_MODEL"), "{message}");
+    let listed = ok(&call(&client, "list_tasks", json!({})).await);
+    assert_eq!(listed["tasks"], json!([]), "nothing was started");
+    gateway.stop().await;
+
+    // The endpoint is down.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let data = TempDir::new("coding-local-down");
+    let url = format!("http://127.0.0.1:{port}/v1");
+    let gateway = LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Url(url), &[]).await;
+    let client = gateway.client().await;
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
+    assert_eq!(result["status"], "failed", "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(error.contains(&format!("the model endpoint http://127.0.0.1:{port}/v1 is unreachable")), "{error}");
+    gateway.stop().await;
+
+    // A wrong key: refused, not retried.
+    let model = ScriptedModel::start(MODEL_KEY, vec![]).await;
+    let data = TempDir::new("coding-local-badkey");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Url(model.base_url()), &[]).await;
+    let client = gateway.client().await;
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(result["error"].as_str().unwrap_or_default().contains("refused the API key (401)"), "{result}");
+    assert_eq!(model.rejected(), 1, "a refused key is not retried");
+    gateway.stop().await;
+
+    // Rate limited (429 with Retry-After), then a malformed answer: both retried, within budget.
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![
+            Turn::with(Reply::Error { status: 429, retry_after: Some(1) }),
+            Turn::with(Reply::Malformed("<html>busy</html>".into())),
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'fine after all'})"),
+        ],
+    )
+    .await;
+    let data = TempDir::new("coding-local-flaky");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
+    assert_eq!(
+        (result["status"].as_str(), result["summary"].as_str()),
+        (Some("success"), Some("fine after all")),
+        "{result}"
+    );
+    assert_eq!(result["model_calls"], 2, "the 429 was retried inside one call; the malformed answer cost one");
+    assert_eq!(model.requests().len(), 3);
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tasks_extension_returns_a_handle_and_tasks_get_follows_it() {
+    let gate = Gate::new();
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![
+            Turn::code("print(price_option(spot=100, strike=100, time_to_expiry=1, volatility=0.2, rate=0.05))")
+                .held(&gate),
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'done'})").expecting("10.45"),
+        ],
+    )
+    .await;
+    let data = TempDir::new("coding-local-ext");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = connect(&gateway.url, TOKEN, true).await;
+    let params =
+        CallToolRequestParams::new("run_coding_task").with_arguments(coding_support::args(json!({"task": "price"})));
+    let CallToolResponse::Task(handle) = client.peer().call_tool_once(params).await.expect("tools/call") else {
+        panic!("a tasks-extension client gets a task handle")
+    };
+    let id = handle.task.task_id.clone();
+    assert_eq!(handle.task.status, McpTaskStatus::Working);
+    let working = client.peer().get_task(GetTaskParams::new(id.clone())).await.expect("tasks/get");
+    assert_eq!(working.task.status(), McpTaskStatus::Working);
+    gate.open();
+    let mut done = None;
+    for _ in 0..300 {
+        let got = client.peer().get_task(GetTaskParams::new(id.clone())).await.expect("tasks/get");
+        if got.task.status() != McpTaskStatus::Working {
+            done = Some(got);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let done = serde_json::to_value(done.expect("the task completes")).expect("json");
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"]["task_type"], "answer", "{done}");
+    assert_eq!(done["result"]["structuredContent"]["task_id"], id.as_str());
+    let unknown = client.peer().get_task(GetTaskParams::new("task-000000000000")).await.unwrap_err().to_string();
+    assert!(unknown.contains("no such task"), "{unknown}");
+    let unknown = client.peer().cancel_task(CancelTaskParams::new("task-000000000000")).await.unwrap_err().to_string();
+    assert!(unknown.contains("no such task"), "{unknown}");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gateway_restart_ends_a_running_local_task_and_keeps_every_result_readable() {
+    let gate = Gate::new();
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'before the restart'})"),
+            Turn::code("print('never runs')").held(&gate),
+        ],
+    )
+    .await;
+    let data = TempDir::new("coding-local-restart");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+    let finished = structured(&call(&client, "run_coding_task", json!({"task": "quick"})).await);
+    assert_eq!(finished["status"], "success", "{finished}");
+    let waiting = {
+        let client = gateway.client().await;
+        tokio::spawn(async move { call_text(&client, "run_coding_task", json!({"task": "slow"})).await })
+    };
+    wait_for_requests(&model, 2, Duration::from_secs(60)).await.expect("the second task asks the model");
+    let running = ok(&call(&client, "list_tasks", json!({"status": "running"})).await);
+    let task = running["tasks"][0]["task_id"].as_str().expect("running").to_owned();
+    gateway.stop().await;
+    let answered = waiting.await.expect("join");
+    assert!(answered.contains("the gateway is restarting"), "a waiting client is told the task goes on: {answered}");
+    gate.open();
+
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+    let result = wait_final(&client, &task, Duration::from_secs(30)).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(
+        result["error"].as_str().unwrap_or_default().contains("the gateway stopped while the task was running"),
+        "{result}"
+    );
+    let before = structured(&call(&client, "get_task_result", json!({"task_id": finished["task_id"]})).await);
+    assert_eq!(before, finished, "a result from before the restart is still readable");
+    let files = ok(&call(&client, "list_artifacts", json!({"task_id": task})).await);
+    assert!(files["files"].as_array().expect("files").iter().any(|f| f["path"] == "events/000001.jsonl"), "{files}");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn notifications_cancelled_on_a_separate_request_stops_a_running_call_on_the_embedded_mode() {
+    let tools = TempDir::new("coding-local-hang");
+    // The `hang` fixture with a long timeout: only a cancellation ends it soon.
+    let fixture = std::fs::read_to_string(repo_path("tests/fixtures/misbehaving/tools.yaml")).expect("fixture");
+    let hang = fixture.split("\n---\n").find(|d| d.contains("name: \"hang\"")).expect("hang manifest");
+    let pythonpath =
+        format!("{}:{}", repo_path("worker-image/python").display(), repo_path("tests/fixtures/misbehaving").display());
+    let hang = hang.replace("timeoutSeconds: 2", "timeoutSeconds: 600").replace(
+        "    command: [\"python3\", \"-m\", \"toolyard.run\", \"misbehaving:hang\"]",
+        &format!("    command: [\"python3\", \"-m\", \"toolyard.run\", \"misbehaving:hang\"]\n    env:\n      - name: PYTHONPATH\n        value: \"{pythonpath}\""),
+    );
+    std::fs::write(tools.path().join("tools.yaml"), hang).expect("manifest");
+    let data = TempDir::new("coding-local-hang-data");
+    let gateway = LocalGateway::start(tools.path(), data.path(), ModelEnv::None, &[]).await;
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        http.post(&gateway.url)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string())
+            .send()
+    };
+    let call = post(
+        json!({"jsonrpc": "2.0", "id": 41, "method": "tools/call", "params": {"name": "hang", "arguments": {"seconds": 600}}}),
+    );
+    let call = tokio::spawn(call);
+    // Wait until the tool runs (its call folder has its input).
+    let calls =
+        data.path().join("owners").join(toolyard_api::OwnerKey::derive("apikey", "local").as_str()).join("calls");
+    toolyard_tests::wait_until(Duration::from_secs(60), "the hang call to start", || {
+        let calls = calls.clone();
+        async move { Ok(std::fs::read_dir(&calls).map(|d| d.count() > 0).unwrap_or(false)) }
+    })
+    .await
+    .expect("the call starts");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another request, another connection: the cancellation notification alone.
+    let accepted = post(
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 41, "reason": "user"}}),
+    )
+    .await
+    .expect("POST");
+    assert_eq!(accepted.status(), 202);
+    let response = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("the call ends soon")
+        .expect("join")
+        .expect("response");
+    let body = response.text().await.expect("body");
+    if !body.contains("cancelled") {
+        gateway.dump_log();
+    }
+    assert!(body.contains("the call was cancelled"), "{body}");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_subscription_hears_when_a_task_result_arrives() {
+    let gate = Gate::new();
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'subscribed'})").held(&gate)],
+    )
+    .await;
+    let data = TempDir::new("coding-local-subscribe");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = connect(&gateway.url, TOKEN, true).await;
+    let params =
+        CallToolRequestParams::new("run_coding_task").with_arguments(coding_support::args(json!({"task": "x"})));
+    let CallToolResponse::Task(handle) = client.peer().call_tool_once(params).await.expect("tools/call") else {
+        panic!("a task handle")
+    };
+    let uri = format!("toolyard://tasks/{}/result", handle.task.task_id);
+    let mut filter = rmcp::model::SubscriptionFilter::new();
+    filter.resource_subscriptions = Some(vec![uri.clone(), "toolyard://tasks/task-000000000000/result".into()]);
+    let mut subscription = client.peer().listen(filter).await.expect("subscriptions/listen");
+    assert!(subscription.acknowledged().resource_subscriptions.as_ref().is_some_and(|u| u.contains(&uri)));
+    wait_for_requests(&model, 1, Duration::from_secs(60)).await.expect("the agent asks the model");
+    gate.open();
+    let updated = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            match subscription.next().await.expect("notification") {
+                Some(rmcp::model::ServerNotification::ResourceUpdatedNotification(n)) => return n.params.uri,
+                Some(_) => {}
+                None => panic!("the subscription ended"),
+            }
+        }
+    })
+    .await
+    .expect("a resource update arrives");
+    assert_eq!(updated, uri);
+    let result = wait_final(&client, &handle.task.task_id, Duration::from_secs(30)).await;
+    assert_eq!(result["summary"], "subscribed");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancelled_run_coding_task_request_stops_waiting_but_not_the_task() {
+    let gate = Gate::new();
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'finished anyway'})").held(&gate)],
+    )
+    .await;
+    let data = TempDir::new("coding-local-stopwait");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        http.post(&gateway.url)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string())
+            .send()
+    };
+    let run = json!({"jsonrpc": "2.0", "id": "run-1", "method": "tools/call",
+        "params": {"name": "run_coding_task", "arguments": {"task": "wait for me"}}});
+    let waiting = tokio::spawn(post(run));
+    wait_for_requests(&model, 1, Duration::from_secs(60)).await.expect("the agent asks the model");
+    let accepted =
+        post(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "run-1"}}))
+            .await
+            .expect("POST");
+    assert_eq!(accepted.status(), 202);
+    let response = tokio::time::timeout(Duration::from_secs(30), waiting).await.expect("the wait ends").expect("join");
+    let body = response.expect("response").text().await.expect("body");
+    assert!(body.contains("the task goes on"), "{body}");
+    gate.open();
+    let client = gateway.client().await;
+    let listed = ok(&call(&client, "list_tasks", json!({})).await);
+    let task = listed["tasks"][0]["task_id"].as_str().expect("the task").to_owned();
+    let result = wait_final(&client, &task, Duration::from_secs(60)).await;
+    assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("finished anyway")));
+    gateway.stop().await;
+}
