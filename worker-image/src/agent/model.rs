@@ -71,6 +71,21 @@ pub enum ModelError {
         /// The endpoint's message.
         message: String,
     },
+    /// A 429 whose `Retry-After` asks for a longer wait than the agent accepts.
+    #[error(
+        "the model endpoint {base_url} is rate limiting (429) and asks to wait {wait_secs}s, longer than the \
+         {max_secs}s the agent waits: {message}"
+    )]
+    RetryAfterTooLong {
+        /// Endpoint.
+        base_url: String,
+        /// The wait `Retry-After` asked for, in seconds.
+        wait_secs: u64,
+        /// The longest wait accepted, in seconds.
+        max_secs: u64,
+        /// The endpoint's message.
+        message: String,
+    },
     /// Any other error status (5xx after retries, 4xx at once).
     #[error("the model endpoint {base_url} answered {status}: {message}")]
     Status {
@@ -196,8 +211,17 @@ impl Model {
                         transient += 1;
                         (transient, self.retry.transient_attempts)
                     };
-                    if count >= limit || wait > self.retry.max_retry_after {
+                    let too_long = wait > self.retry.max_retry_after;
+                    if count >= limit || too_long {
                         return Err(match error {
+                            ModelError::RateLimited { base_url, message, .. } if too_long => {
+                                ModelError::RetryAfterTooLong {
+                                    base_url,
+                                    wait_secs: wait.as_secs_f64().ceil() as u64,
+                                    max_secs: self.retry.max_retry_after.as_secs(),
+                                    message,
+                                }
+                            }
                             ModelError::RateLimited { base_url, message, .. } => {
                                 ModelError::RateLimited { base_url, attempts: count, message }
                             }
