@@ -102,6 +102,7 @@ impl Turn {
 struct Inner {
     script: VecDeque<Turn>,
     requests: Vec<Value>,
+    arrivals: Vec<std::time::Instant>,
     failures: Vec<String>,
     rejected: usize,
 }
@@ -150,6 +151,11 @@ impl ScriptedModel {
     /// Every request body received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.inner.lock().expect("lock").requests.clone()
+    }
+
+    /// When each request of [`ScriptedModel::requests`] arrived.
+    pub fn arrivals(&self) -> Vec<std::time::Instant> {
+        self.inner.lock().expect("lock").arrivals.clone()
     }
 
     /// Requests refused for a wrong or missing API key.
@@ -206,6 +212,7 @@ async fn chat(State(state): State<AppState>, headers: HeaderMap, body: axum::bod
     let turn = {
         let mut inner = state.inner.lock().expect("lock");
         inner.requests.push(body.clone());
+        inner.arrivals.push(std::time::Instant::now());
         let turn = inner.script.pop_front();
         match &turn {
             None => {

@@ -218,6 +218,16 @@ async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     assert!(result["error"].as_str().unwrap().contains("step budget of 2 was exhausted"), "{result}");
     assert_eq!(model.requests().len() - before, 2);
 
+    // The model call budget: answers without code cost model calls, not steps.
+    model.push(vec![
+        Turn::reply("Let me think about it."),
+        Turn::reply("Still thinking.").expecting("had no ```python code block"),
+    ]);
+    let result = run_task(&client, json!({"task": "think", "budgets": {"max_steps": 1, "max_model_calls": 2}})).await;
+    assert_eq!(result["status"], "failed", "{result}");
+    assert!(result["error"].as_str().unwrap().contains("model call budget of 2 was exhausted"), "{result}");
+    assert_eq!((result["steps"].as_u64(), result["model_calls"].as_u64()), (Some(0), Some(2)), "{result}");
+
     // The tool call budget.
     model.push(vec![Turn::code(
         "for s in (90, 100):\n    print(price_option(spot=s, strike=100, time_to_expiry=0.25, volatility=0.25, rate=0.04))",
@@ -327,6 +337,43 @@ async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedd
     );
     assert_eq!(result["model_calls"], 2, "the 429 was retried inside one call; the malformed answer cost one");
     assert_eq!(model.requests().len(), 3);
+    let arrivals = model.arrivals();
+    assert!(arrivals[1] - arrivals[0] >= Duration::from_secs(1), "the retry waited as Retry-After asked");
+
+    // Still malformed after the retries: failed, saying what the endpoint sent.
+    let malformed = || Turn::with(Reply::Malformed("<html>busy</html>".into()));
+    model.push(vec![malformed(), malformed(), malformed()]);
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
+    assert_eq!((result["status"].as_str(), result["model_calls"].as_u64()), (Some("failed"), Some(3)), "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "the model endpoint {} sent a malformed response: not a chat completion",
+            model.base_url()
+        )) && error.contains("<html>busy</html>"),
+        "{error}"
+    );
+
+    // Still rate limited after the retries.
+    let limited = |secs| Turn::with(Reply::Error { status: 429, retry_after: Some(secs) });
+    model.push(vec![limited(0), limited(0), limited(0), limited(0)]);
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
+    assert_eq!(result["status"], "failed", "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(error.contains("is rate limiting (429) after 4 attempts: scripted 429 Too Many Requests"), "{error}");
+    assert_eq!(result["model_calls"], 1, "{result}");
+
+    // A Retry-After longer than the agent waits ends the call at once, saying so.
+    model.push(vec![limited(3600)]);
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
+    assert_eq!(result["status"], "failed", "{result}");
+    let error = result["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("is rate limiting (429) and asks to wait 3600s, longer than the 60s the agent waits"),
+        "{error}"
+    );
+    assert_eq!(model.remaining(), 0);
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
     gateway.stop().await;
 }
 
@@ -561,4 +608,109 @@ async fn a_cancelled_run_coding_task_request_stops_waiting_but_not_the_task() {
     let result = wait_final(&client, &task, Duration::from_secs(60)).await;
     assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("finished anyway")));
     gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_interpreter_is_fresh_per_task_reaches_tools_only_through_stubs_and_its_files_read_in_capped_chunks() {
+    const BIG: usize = 320_000;
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![
+            // The tools' own modules are not importable, and no credentials are in the interpreter.
+            Turn::code(
+                "kept = 42\n\
+                 import os\n\
+                 try:\n    import pricing\n    print('imported', pricing.__file__)\n\
+                 except ImportError as e:\n    print('import failed:', type(e).__name__)\n\
+                 print('env:', sorted(k for k in os.environ if k.startswith('TOOLYARD')))",
+            ),
+            Turn::code(
+                "import base64\n\
+                 blob = bytes(range(256)) * 4\n\
+                 write_artifact('data/blob.bin', base64.b64encode(blob).decode(), encoding='base64')\n\
+                 write_artifact('big.txt', 'abcdefgh' * 40000)\n\
+                 print(kept, len(read_written_artifact('big.txt')))",
+            )
+            .expecting("import failed: ModuleNotFoundError")
+            .expecting("env: []"),
+            // The model claims an artifact it never wrote: refused by the contract.
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'wrote files', 'artifacts': ['fake.csv']})")
+                .expecting(format!("42 {BIG}")),
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'wrote files'})")
+                .expecting("unknown keys [\"artifacts\"]"),
+            // The next task gets a fresh interpreter.
+            Turn::code("print('kept' in globals(), 'write_artifact' in globals())"),
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'fresh'})").expecting("False True"),
+        ],
+    )
+    .await;
+    let data = TempDir::new("coding-local-interpreter");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+
+    let first = run_task(&client, json!({"task": "write files"})).await;
+    if first["status"] != "success" {
+        gateway.dump_log();
+    }
+    assert_eq!((first["status"].as_str(), first["steps"].as_u64()), (Some("success"), Some(4)), "{first}");
+    let mut listed: Vec<(String, u64)> = first["artifacts"]
+        .as_array()
+        .expect("artifacts")
+        .iter()
+        .map(|a| (a["path"].as_str().expect("path").to_owned(), a["size"].as_u64().expect("size")))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, [("outputs/big.txt".to_owned(), BIG as u64), ("outputs/data/blob.bin".to_owned(), 1024)]);
+    let second = run_task(&client, json!({"task": "fresh?"})).await;
+    assert_eq!((second["status"].as_str(), second["summary"].as_str()), (Some("success"), Some("fresh")), "{second}");
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
+    let task = first["task_id"].as_str().expect("id");
+
+    // Without `length`, a chunk is at most 256 KiB; the last one says next_offset null.
+    let read = |offset: u64| {
+        let client = &client;
+        async move {
+            ok(&call(client, "read_artifact", json!({"task_id": task, "filename": "big.txt", "offset": offset})).await)
+        }
+    };
+    let chunk = read(0).await;
+    assert_eq!(chunk["content"].as_str().map(str::len), Some(256 * 1024));
+    assert_eq!((chunk["next_offset"].as_u64(), chunk["size"].as_u64()), (Some(256 * 1024), Some(BIG as u64)));
+    let rest = read(256 * 1024).await;
+    assert_eq!(rest["content"].as_str().map(str::len), Some(BIG - 256 * 1024));
+    assert!(rest["next_offset"].is_null(), "{}", rest["next_offset"]);
+    let over =
+        call(&client, "read_artifact", json!({"task_id": task, "filename": "big.txt", "length": 256 * 1024 + 1})).await;
+    assert_eq!(over.is_error, Some(true), "a longer chunk is refused: {}", text_of(&over));
+    let (blob, _) = coding_support::read_artifact(&client, task, "data/blob.bin", "base64", 100).await;
+    assert_eq!(blob, (0..=255u8).cycle().take(1024).collect::<Vec<u8>>());
+
+    // list_tasks pages with its cursor, newest first.
+    let page = ok(&call(&client, "list_tasks", json!({"limit": 1})).await);
+    assert_eq!(page["tasks"][0]["task_id"], second["task_id"], "{page}");
+    let cursor = page["next_cursor"].as_str().expect("a cursor for the next page");
+    let page = ok(&call(&client, "list_tasks", json!({"limit": 1, "cursor": cursor})).await);
+    assert_eq!(page["tasks"][0]["task_id"], first["task_id"], "{page}");
+    assert!(page["next_cursor"].is_null(), "{page}");
+
+    // The model's API key is in no log and no stored file.
+    let log = gateway.log.clone();
+    gateway.stop().await;
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(!log.is_empty() && !log.contains(MODEL_KEY), "the gateway log never shows the key");
+    for file in files_under(data.path()) {
+        let bytes = std::fs::read(&file).expect("read");
+        assert!(!String::from_utf8_lossy(&bytes).contains(MODEL_KEY), "{} holds the key", file.display());
+    }
+}
+
+/// Every file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { out.extend(files_under(&path)) } else { out.push(path) }
+    }
+    out
 }
