@@ -149,3 +149,29 @@ def test_non_json_final_answers_are_reported(harness):
 def test_tool_search_finds_tools_by_words(harness):
     out = harness.run("print([t['name'] for t in tool_search('quote symbol')])")
     assert out["output"] == "['get_quote']\n"
+
+
+def test_base64_artifacts_are_saved_as_their_bytes_and_bad_encodings_are_refused(harness):
+    store = {}
+
+    def replies(request):
+        store[request["filename"]] = request["content_base64"]
+        return {"ok": True, "result": None}
+
+    data = bytes(range(256))
+    out = harness.run(
+        f"import base64\nwrite_artifact('blob.bin', base64.b64encode({data!r}).decode(), encoding='base64')",
+        replies=replies,
+    )
+    assert out["error"] is None, out["error"]
+    assert base64.b64decode(store["blob.bin"]) == data
+    for code, message in [
+        ("write_artifact('x.bin', 'not base64!', encoding='base64')", "Error"),
+        ("write_artifact('x.txt', 'a', encoding='hex')", "encoding must be 'text' or 'base64'"),
+        ("write_artifact('x.txt', b'bytes')", "needs a str"),
+        ("write_artifact('big.bin', base64.b64encode(b'x' * 1001).decode(), encoding='base64')", "limit is 1000"),
+    ]:
+        refused = harness.run(code, step=2)
+        assert refused["error"] and message in refused["error"], (code, refused["error"])
+    assert set(store) == {"blob.bin"}, "nothing refused reached the runner"
+
