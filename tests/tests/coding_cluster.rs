@@ -9,7 +9,7 @@ mod e2e_support;
 
 use std::time::Duration;
 
-use coding_support::{Client, MODEL_ID, MODEL_KEY, call, connect, ok, structured, text_of, wait_final};
+use coding_support::{Client, MODEL_ID, MODEL_KEY, call, connect_with, ok, structured, text_of, wait_final};
 use e2e_support::Platform;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -64,7 +64,7 @@ async fn start(model_url: &str) -> Platform {
 }
 
 async fn client(platform: &Platform, user: User) -> Client {
-    connect(&format!("{}/mcp", platform.base), TestEnv::get().token(user), false).await
+    connect_with(platform.http(), &format!("{}/mcp", platform.base), TestEnv::get().token(user), false).await
 }
 
 /// Starts `run_coding_task` in the background and returns the task id (from list_tasks) and
@@ -106,11 +106,29 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
     let alice = client(&platform, User::Alice).await;
 
     // The pricing scenario, with a step that raises and a final answer that breaks the contract.
-    model.set_script(coding_support::pricing_turns());
-    let result = structured(&call(&alice, "run_coding_task", json!({"task": coding_support::PRICING_TASK})).await);
+    // The controller is killed in the middle of it: the model holds its second answer (the
+    // step with the six tool calls) until the controller is dead, so those ToolCalls are
+    // created while no controller runs, and a new controller process (once the dead one's
+    // Lease expired) makes their Jobs and finishes the task.
+    let gate = Gate::new();
+    let mut turns = coding_support::pricing_turns();
+    turns[1] = turns[1].clone().held(&gate);
+    model.set_script(turns);
+    let first_leader = platform.lease_holder().await.expect("the controller holds the Lease");
+    let run = call(&alice, "run_coding_task", json!({"task": coding_support::PRICING_TASK}));
+    let restart = async {
+        wait_for_requests(&model, 2, Duration::from_secs(120)).await.expect("the agent asks for its second step");
+        platform.kill_controller().await;
+        gate.open();
+        platform.start_controller().await;
+    };
+    let (result, ()) = tokio::join!(run, restart);
+    let result = structured(&result);
     if result["status"] != "success" {
         platform.dump_logs();
     }
+    let second_leader = platform.lease_holder().await.expect("the new controller holds the Lease");
+    assert_ne!(first_leader, second_leader, "a new controller process took over");
     assert!(model.failures().is_empty(), "{:?}", model.failures());
     coding_support::check_pricing(&alice, &result, &model.requests()).await;
     let task = result["task_id"].as_str().expect("id").to_owned();
@@ -312,7 +330,7 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
     kubectl(&ns, &["create", "rolebinding", "hang", "--role=hang", "--user=alice"]);
     let replica = platform.start_replica().await;
     let token = TestEnv::get().token(User::Alice).to_owned();
-    let http = reqwest::Client::new();
+    let http = platform.http();
     let post = |base: &str, body: Value| {
         http.post(format!("{base}/mcp"))
             .bearer_auth(&token)

@@ -50,6 +50,11 @@ pub type Client = RunningService<RoleClient, Recorder>;
 /// request's `_meta`: a stateless server learns them from each request); otherwise it uses
 /// the `initialize` handshake.
 pub async fn connect(url: &str, token: &str, tasks_extension: bool) -> Client {
+    connect_with(reqwest::Client::default(), url, token, tasks_extension).await
+}
+
+/// [`connect`] over `http` (for example a client that trusts a test CA, for `https://` URLs).
+pub async fn connect_with(http: reqwest::Client, url: &str, token: &str, tasks_extension: bool) -> Client {
     let capabilities = if tasks_extension {
         ClientCapabilities::builder().enable_tasks().build()
     } else {
@@ -60,7 +65,8 @@ pub async fn connect(url: &str, token: &str, tasks_extension: bool) -> Client {
     loop {
         attempt += 1;
         let recorder = Recorder { progress: Arc::default(), config: config.clone() };
-        let transport = StreamableHttpClientTransport::from_config(
+        let transport = StreamableHttpClientTransport::with_client(
+            http.clone(),
             StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token.to_owned()),
         );
         let lifecycle = if tasks_extension {

@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
 use rmcp::model::ClientConfig;
@@ -40,19 +41,24 @@ pub struct Platform {
     pub ns: String,
     /// The release namespace (ServiceAccounts, Lease).
     pub release_ns: String,
-    /// `http://127.0.0.1:<port>` of the public MCP listener.
+    /// `https://127.0.0.1:<port>` of the public MCP listener (TLS with a certificate from
+    /// the platform's own test CA; [`Platform::http`] trusts it).
     pub base: String,
     /// The internal API URL.
     pub internal: String,
     /// `http://127.0.0.1:<port>` of the gateway's ops listener.
     pub gateway_ops: String,
     gateway: Child,
-    controller: Child,
+    controller: Option<Child>,
     node: Option<ProcessNode>,
     dir: TempDir,
     gateway_args: Vec<String>,
     gateway_env: Vec<(String, String)>,
+    controller_env: Vec<(String, String)>,
+    controller_ops: String,
+    controller_starts: usize,
     replicas: Vec<Child>,
+    ca: reqwest::Certificate,
 }
 
 fn free_port() -> u16 {
@@ -103,6 +109,51 @@ async fn service_account_kubeconfig(env: &TestEnv, ns: &str, sa: &str, dir: &Pat
     );
     std::fs::write(&path, kubeconfig).expect("write kubeconfig");
     path
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl").current_dir(dir).args(args).output().expect("running openssl");
+    assert!(out.status.success(), "openssl {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A test CA and a serving certificate for 127.0.0.1 and localhost signed by it, as
+/// cert-manager would put them in the gateway's TLS Secret: `ca.crt`, `tls.crt`, `tls.key`.
+fn make_pki(dir: &Path) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    let mut ca = vec!["req", "-x509"];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", "/CN=toolyard-e2e-ca"]);
+    openssl(dir, &ca);
+    let mut csr = vec!["req"];
+    csr.extend(ec);
+    csr.extend(["-keyout", "tls.key", "-out", "tls.csr", "-subj", "/CN=localhost"]);
+    openssl(dir, &csr);
+    std::fs::write(
+        dir.join("tls.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\n\
+         extendedKeyUsage=serverAuth\n",
+    )
+    .expect("write tls.ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "tls.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "tls.crt",
+            "-days",
+            "1",
+            "-extfile",
+            "tls.ext",
+        ],
+    );
 }
 
 fn spawn(program: &Path, args: &[String], env: &[(String, String)], log: &Path) -> Child {
@@ -166,13 +217,21 @@ impl Platform {
         let key = dir.path().join("token-key");
         std::fs::write(&key, format!("{}{}", random_suffix(32), random_suffix(32))).expect("key");
         let (public, internal, ops, controller_ops) = (free_port(), free_port(), free_port(), free_port());
-        let base = format!("http://127.0.0.1:{public}");
+        let base = format!("https://127.0.0.1:{public}");
+        let pki = dir.path().join("pki");
+        std::fs::create_dir_all(&pki).expect("pki dir");
+        make_pki(&pki);
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(pki.join("ca.crt")).expect("ca.crt")).expect("CA PEM");
+        let (tls_cert, tls_key) = (pki.join("tls.crt"), pki.join("tls.key"));
         let internal_url = format!("http://127.0.0.1:{internal}");
         let s3 = env.s3();
 
         let gateway_args: Vec<String> = [
             "serve",
-            "--plain-http",
+            "--tls-cert-file",
+            tls_cert.to_str().expect("utf-8"),
+            "--tls-key-file",
+            tls_key.to_str().expect("utf-8"),
             "--listen",
             &format!("127.0.0.1:{public}"),
             "--internal-listen",
@@ -234,15 +293,81 @@ impl Platform {
             internal: internal_url,
             gateway_ops: format!("http://127.0.0.1:{ops}"),
             gateway,
-            controller,
+            controller: Some(controller),
             node: Some(node),
             dir,
             gateway_args,
             gateway_env,
+            controller_env: controller_env_all,
+            controller_ops: format!("http://127.0.0.1:{controller_ops}"),
+            controller_starts: 1,
             replicas: Vec::new(),
+            ca,
         };
         platform.wait_ready().await;
+        platform.wait_controller_leads().await;
         platform
+    }
+
+    /// An HTTP client that trusts only the platform's test CA (what a user's MCP client
+    /// does with the CA of the gateway's certificate).
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder().tls_certs_only([self.ca.clone()]).build().expect("HTTPS client")
+    }
+
+    /// The controller's log file of start number `n` (1-based).
+    fn controller_log(n: usize) -> String {
+        if n == 1 { "controller.log".to_owned() } else { format!("controller-{n}.log") }
+    }
+
+    /// Kills the controller process (SIGKILL: no Lease release, no cleanup), as a node
+    /// failure or an OOM kill would. Runs already started go on; nothing reconciles until
+    /// [`Platform::start_controller`].
+    pub async fn kill_controller(&mut self) {
+        if let Some(mut controller) = self.controller.take() {
+            let _ = controller.start_kill();
+            let _ = controller.wait().await;
+        }
+    }
+
+    /// Starts the controller again with the same environment (a new log file) and waits
+    /// until it holds the leader Lease (after the dead holder's Lease expired).
+    pub async fn start_controller(&mut self) {
+        assert!(self.controller.is_none(), "the controller is running");
+        self.controller_starts += 1;
+        let log = self.dir.path().join(Self::controller_log(self.controller_starts));
+        self.controller = Some(spawn(&binary("toolyard-controller"), &[], &self.controller_env, &log));
+        self.wait_controller_leads().await;
+    }
+
+    /// Kills the controller and starts it again.
+    pub async fn restart_controller(&mut self) {
+        self.kill_controller().await;
+        self.start_controller().await;
+    }
+
+    /// Identity in the controller's leader Lease.
+    pub async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::namespaced(TestEnv::get().client(User::Admin).await, &self.release_ns);
+        let name = self.controller_env.iter().find(|(k, _)| k == "TOOLYARD_LEASE_NAME").map(|(_, v)| v.clone())?;
+        leases.get_opt(&name).await.ok().flatten().and_then(|l| l.spec).and_then(|s| s.holder_identity)
+    }
+
+    async fn wait_controller_leads(&self) {
+        let metrics = format!("{}/metrics", self.controller_ops);
+        let result = wait_until(Duration::from_secs(90), "the controller to lead", || {
+            let metrics = metrics.clone();
+            async move {
+                let Ok(response) = reqwest::get(&metrics).await else { return Ok(false) };
+                let text = response.text().await.unwrap_or_default();
+                Ok(text.lines().any(|l| l.trim() == "toolyard_controller_leader 1"))
+            }
+        })
+        .await;
+        if let Err(e) = result {
+            self.dump_logs();
+            panic!("{e:#}");
+        }
     }
 
     async fn wait_ready(&self) {
@@ -291,13 +416,16 @@ impl Platform {
         })
         .await
         .expect("replica ready");
-        format!("http://127.0.0.1:{public}")
+        format!("https://127.0.0.1:{public}")
     }
 
     /// Prints the gateway's and controller's logs (on failure).
     pub fn dump_logs(&self) {
-        for name in ["gateway.log", "gateway-2.log", "gateway-replica.log", "controller.log"] {
-            if let Ok(text) = std::fs::read_to_string(self.dir.path().join(name)) {
+        let mut names: Vec<String> =
+            ["gateway.log", "gateway-2.log", "gateway-replica.log"].iter().map(|s| (*s).to_owned()).collect();
+        names.extend((1..=self.controller_starts).map(Self::controller_log));
+        for name in names {
+            if let Ok(text) = std::fs::read_to_string(self.dir.path().join(&name)) {
                 let tail: Vec<&str> = text.lines().rev().take(60).collect();
                 eprintln!("----- {name} (last lines) -----");
                 for line in tail.into_iter().rev() {
@@ -336,7 +464,7 @@ impl Platform {
     pub async fn client(&self, user: User) -> RunningService<RoleClient, ClientConfig> {
         let token = TestEnv::get().token(user).to_owned();
         let config = StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", self.base)).auth_header(token);
-        let transport = StreamableHttpClientTransport::from_config(config);
+        let transport = StreamableHttpClientTransport::with_client(self.http(), config);
         ClientConfig::default()
             .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
             .await
@@ -346,7 +474,9 @@ impl Platform {
     /// Stops everything.
     pub async fn stop(mut self) {
         let _ = self.gateway.start_kill();
-        let _ = self.controller.start_kill();
+        if let Some(controller) = &mut self.controller {
+            let _ = controller.start_kill();
+        }
         for replica in &mut self.replicas {
             let _ = replica.start_kill();
         }
