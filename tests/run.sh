@@ -59,7 +59,9 @@ if [[ -d charts/toolyard ]]; then
   step "chart checks"
   HELM=$(tests/cluster/build.sh path)/helm
   "$HELM" lint --strict charts/toolyard --kube-version 1.34.4
-  "$HELM" lint --strict charts/toolyard --kube-version 1.34.4 -f charts/toolyard/ci/test-values.yaml
+  for values in charts/toolyard/ci/*.yaml; do
+    "$HELM" lint --strict charts/toolyard --kube-version 1.34.4 -f "$values"
+  done
 fi
 
 step "all tests passed"

@@ -1,22 +1,63 @@
-//! The Helm chart renders, and the real apiserver accepts every object it renders (server-side
-//! dry run: schema validation, RBAC escalation checks, admission).
+//! The Helm chart: it renders for the default (required settings only) and the non-default
+//! values, the real apiserver accepts every object it renders (server-side dry run: schema
+//! validation, RBAC escalation checks, admission), wrong values fail against
+//! `values.schema.json`, and `helm install` into the test apiserver gives a release whose
+//! admission policy is active, whose user roles work and whose pods pass the restricted Pod
+//! Security Standard.
 
-use toolyard_tests::{TestEnv, User, repo_path};
+use std::process::Command;
+use std::time::Duration;
 
-fn helm_template(env: &TestEnv, namespace: &str, extra: &[&str]) -> String {
-    let out = std::process::Command::new(env.bin_dir().join("helm"))
-        .args(["template", "ty", repo_path("charts/toolyard").to_str().expect("utf-8 path"), "-n", namespace])
-        .args([
-            "--kube-version",
-            "1.34.4",
-            "-f",
-            repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8"),
-        ])
-        .args(extra)
-        .output()
-        .expect("helm runs");
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use toolyard_api::CodingTask;
+use toolyard_tests::{TestEnv, User, random_suffix, repo_path, wait_until};
+
+const CI_VALUES: &str = "charts/toolyard/ci/test-values.yaml";
+const FULL_VALUES: &str = "charts/toolyard/ci/full-values.yaml";
+
+fn helm(env: &TestEnv, args: &[&str]) -> std::process::Output {
+    Command::new(env.bin_dir().join("helm")).args(args).output().expect("helm runs")
+}
+
+fn helm_template(env: &TestEnv, namespace: &str, values: &str, extra: &[&str]) -> String {
+    let chart = repo_path("charts/toolyard");
+    let values = repo_path(values);
+    let mut args = vec!["template", "ty", chart.to_str().expect("utf-8"), "-n", namespace];
+    args.extend(["--kube-version", "1.34.4", "-f", values.to_str().expect("utf-8")]);
+    args.extend(extra);
+    let out = helm(env, &args);
     assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8 manifest")
+}
+
+/// The rendered documents as JSON.
+fn documents(manifest: &str) -> Vec<Value> {
+    manifest
+        .split("\n---")
+        .map(str::trim)
+        .filter(|doc| doc.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap_or_else(|e| panic!("rendered YAML: {e}\n{doc}")))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("{kind} {name} is not rendered"))
+}
+
+fn dry_run(env: &TestEnv, name: &str, manifest: &str) -> String {
+    let file = std::env::temp_dir().join(format!("{name}-{}.yaml", random_suffix(6)));
+    std::fs::write(&file, manifest).unwrap();
+    let out = env
+        .kubectl_as(User::Admin, &["apply", "--dry-run=server", "-f", file.to_str().unwrap()])
+        .unwrap_or_else(|e| panic!("the apiserver refused the chart: {e:#}"));
+    let _ = std::fs::remove_file(file);
+    out
 }
 
 #[tokio::test]
@@ -29,31 +70,281 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
     let manifest = helm_template(
         env,
         &release_ns,
+        CI_VALUES,
         &["--set", &watch, "--set", "admission.namespaceSelector.matchLabels.none=none"],
     );
-    for kind in ["kind: Deployment", "kind: NetworkPolicy", "kind: ValidatingAdmissionPolicy", "kind: Role"] {
+    for kind in [
+        "kind: Deployment",
+        "kind: NetworkPolicy",
+        "kind: ValidatingAdmissionPolicy",
+        "kind: Role",
+        "kind: PodDisruptionBudget",
+    ] {
         assert!(manifest.contains(kind), "{kind} missing from the rendered chart");
     }
-    let file = std::env::temp_dir().join(format!("{release_ns}.yaml"));
-    std::fs::write(&file, &manifest).unwrap();
-    let out = env
-        .kubectl_as(User::Admin, &["apply", "--dry-run=server", "-f", file.to_str().unwrap()])
-        .unwrap_or_else(|e| panic!("the apiserver refused the chart: {e:#}"));
+    let out = dry_run(env, &release_ns, &manifest);
     assert!(
         out.contains("deployment.apps/ty-toolyard-gateway") && out.contains("deployment.apps/ty-toolyard-controller"),
         "{out}"
     );
-    let _ = std::fs::remove_file(file);
+    assert!(out.contains("networkpolicy.networking.k8s.io/ty-toolyard-runs"), "{out}");
+}
+
+#[tokio::test]
+async fn the_non_default_values_render_every_optional_part_and_pass_a_server_side_dry_run() {
+    let env = TestEnv::get();
+    env.install_crds().await.unwrap();
+    let release_ns = env.namespace("chart-full").await.unwrap();
+    let manifest = helm_template(
+        env,
+        &release_ns,
+        FULL_VALUES,
+        &["--set", "admission.namespaceSelector.matchLabels.none=none", "--set", "fullnameOverride="],
+    );
+    let docs = documents(&manifest);
+    let gateway = find(&docs, "Deployment", "ty-toolyard-gateway");
+    assert!(gateway["spec"].get("replicas").is_none(), "the HPA owns the replica count");
+    let hpa = find(&docs, "HorizontalPodAutoscaler", "ty-toolyard-gateway");
+    assert_eq!((hpa["spec"]["minReplicas"].as_i64(), hpa["spec"]["maxReplicas"].as_i64()), (Some(3), Some(6)));
+    let ingress = find(&docs, "Ingress", "ty-toolyard-gateway");
+    assert_eq!(ingress["spec"]["rules"][0]["host"], "mcp.example.com");
+    assert_eq!(ingress["spec"]["tls"][0]["secretName"], "toolyard-ingress-tls");
+    assert_eq!(find(&docs, "PodDisruptionBudget", "ty-toolyard-gateway")["spec"]["maxUnavailable"], 2);
+    // TLS at the Ingress: no certificate Secret, plain HTTP behind it.
+    assert!(!docs.iter().any(|d| d["kind"] == "Secret"), "own token key, no generated TLS Secret");
+    let env_of = |deployment: &Value, name: &str| -> Option<Value> {
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .and_then(|e| e.iter().find(|v| v["name"] == name).map(|v| v["value"].clone()))
+    };
+    assert_eq!(env_of(gateway, "TOOLYARD_PLAIN_HTTP"), Some(json!("true")));
+    let controller = find(&docs, "Deployment", "ty-toolyard-controller");
+    assert_eq!(controller["spec"]["replicas"], 3);
+    assert_eq!(env_of(controller, "TOOLYARD_MODEL_BASE_URL"), Some(json!("https://api.openai.com/v1")));
+    assert_eq!(env_of(controller, "TOOLYARD_CODINGTASK_RETENTION_SECONDS"), Some(json!("86400")));
+    // Every namespace served: cluster-wide roles, and no per-namespace run policies to render.
+    find(&docs, "ClusterRole", "ty-toolyard-controller");
+    find(&docs, "ClusterRole", "ty-toolyard-gateway");
+    assert!(!docs.iter().any(|d| d["kind"] == "NetworkPolicy" && d["metadata"]["name"] == "ty-toolyard-runs"));
+
+    let out = dry_run(env, &release_ns, &manifest);
+    for object in [
+        "ingress.networking.k8s.io/ty-toolyard-gateway",
+        "horizontalpodautoscaler.autoscaling/ty-toolyard-gateway",
+        "poddisruptionbudget.policy/ty-toolyard-gateway",
+    ] {
+        assert!(out.contains(object), "{object} in {out}");
+    }
+}
+
+#[tokio::test]
+async fn the_controller_runs_two_replicas_with_leader_election_by_default() {
+    let env = TestEnv::get();
+    let docs = documents(&helm_template(env, "toolyard", CI_VALUES, &[]));
+    let controller = find(&docs, "Deployment", "ty-toolyard-controller");
+    assert_eq!(controller["spec"]["replicas"], 2);
+    let container = &controller["spec"]["template"]["spec"]["containers"][0];
+    let leader = container["env"].as_array().unwrap().iter().find(|v| v["name"] == "TOOLYARD_LEADER_ELECT").unwrap();
+    assert_eq!(leader["value"], "true");
+    find(&docs, "Role", "ty-toolyard-controller-leader-election");
 }
 
 #[tokio::test]
 async fn the_gateway_needs_allowed_hosts_and_a_bucket() {
     let env = TestEnv::get();
-    let out = std::process::Command::new(env.bin_dir().join("helm"))
-        .args(["template", "ty", repo_path("charts/toolyard").to_str().unwrap(), "--kube-version", "1.34.4"])
-        .output()
-        .unwrap();
+    let chart = repo_path("charts/toolyard");
+    let out = helm(env, &["template", "ty", chart.to_str().unwrap(), "--kube-version", "1.34.4"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("set gateway.allowedHosts") || err.contains("set gateway.storage.s3.bucket"), "{err}");
+}
+
+#[tokio::test]
+async fn wrong_values_fail_against_the_schema() {
+    let env = TestEnv::get();
+    let chart = repo_path("charts/toolyard");
+    let values = repo_path(CI_VALUES);
+    for (set, error) in [
+        ("controller.replicas=two", "/controller/replicas"),
+        ("gateway.replica=3", "'replica' not allowed"),
+        ("gateway.service.type=Internal", "/gateway/service/type"),
+        ("gateway.image.pullPolicy=Sometimes", "/gateway/image/pullPolicy"),
+        ("gateway.storage.s3.endpoint=s3.example.com", "/gateway/storage/s3/endpoint"),
+        ("watchNamespaces={Team_A}", "/watchNamespaces/0"),
+        ("controller.leaderElection.enabled=false", "/controller/leaderElection/enabled"),
+        ("controller.runDefaults.tool.memoryLimit=lots", "/controller/runDefaults/tool/memoryLimit"),
+        ("gateway.limits.maxCalls=0", "/gateway/limits/maxCalls"),
+    ] {
+        let out = helm(
+            env,
+            &[
+                "template",
+                "ty",
+                chart.to_str().unwrap(),
+                "--kube-version",
+                "1.34.4",
+                "-f",
+                values.to_str().unwrap(),
+                "--set",
+                set,
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(error), "{set}: expected {error:?} in {err}");
+    }
+    // One replica without leader election is fine.
+    let out = helm(
+        env,
+        &[
+            "template",
+            "ty",
+            chart.to_str().unwrap(),
+            "--kube-version",
+            "1.34.4",
+            "-f",
+            values.to_str().unwrap(),
+            "--set",
+            "controller.replicas=1,controller.leaderElection.enabled=false",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn coding_task(name: &str, user: &str) -> CodingTask {
+    serde_json::from_value(json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
+        "metadata": {"name": name},
+        "spec": {"prompt": "What is the delta of an at-the-money call?",
+                 "owner": {"issuer": "kubernetes", "user": user}}
+    }))
+    .expect("a valid CodingTask")
+}
+
+async fn label_namespace(admin: &kube::Client, ns: &str, labels: Value) {
+    Api::<Namespace>::all(admin.clone())
+        .patch(ns, &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": labels}})))
+        .await
+        .expect("label namespace");
+}
+
+#[tokio::test]
+async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
+    let env = TestEnv::get();
+    env.install_crds().await.unwrap();
+    let admin = env.client(User::Admin).await;
+    let release_ns = env.namespace("chart-install").await.unwrap();
+    let served = env.namespace("chart-install-served").await.unwrap();
+    let label = random_suffix(8);
+    // Restricted Pod Security enforced where the chart's pods run; the admission policy is
+    // limited to this test's namespace so concurrent tests are not affected.
+    let restricted =
+        json!({"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"});
+    label_namespace(&admin, &release_ns, restricted.clone()).await;
+    let mut served_labels = restricted;
+    served_labels["toolyard-test-install"] = json!(label);
+    label_namespace(&admin, &served, served_labels).await;
+
+    let release = format!("inst-{}", random_suffix(5));
+    let chart = repo_path("charts/toolyard");
+    let values = repo_path(CI_VALUES);
+    let kubeconfig = env.kubeconfig(User::Admin);
+    let watch = format!("watchNamespaces={{{served}}}");
+    let selector = format!("admission.namespaceSelector.matchLabels.toolyard-test-install={label}");
+    let out = helm(
+        env,
+        &[
+            "install",
+            &release,
+            chart.to_str().unwrap(),
+            "-n",
+            &release_ns,
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+            "-f",
+            values.to_str().unwrap(),
+            "--set",
+            &watch,
+            "--set",
+            &selector,
+            "--set",
+            "gateway.auth.apiKeys.existingSecret=",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "helm install failed: {stderr}");
+    assert!(stdout.contains("STATUS: deployed") && stdout.contains("Create your first McpTool"), "{stdout}");
+    assert!(!stderr.contains("PodSecurity"), "pod templates break the restricted standard: {stderr}");
+
+    // Every pod the chart runs passes the restricted Pod Security Standard where it is enforced.
+    let deployments =
+        env.kubectl_as(User::Admin, &["-n", &release_ns, "get", "deployments", "-o", "json"]).expect("get deployments");
+    let deployments: Value = serde_json::from_str(&deployments).expect("json");
+    let items = deployments["items"].as_array().expect("items");
+    assert_eq!(items.len(), 2, "gateway and controller");
+    for deployment in items {
+        let name = deployment["metadata"]["name"].as_str().expect("name");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{name}-psa"), "namespace": release_ns},
+            "spec": deployment["spec"]["template"]["spec"]});
+        let file = std::env::temp_dir().join(format!("{release}-{name}-pod.json"));
+        std::fs::write(&file, pod.to_string()).unwrap();
+        let created = env.kubectl_as(User::Admin, &["create", "--dry-run=server", "-f", file.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&file);
+        created.unwrap_or_else(|e| panic!("{name}'s pod is refused in a restricted namespace: {e:#}"));
+    }
+
+    // The chart's task-runner role lets alice start tasks in the served namespace…
+    env.kubectl_as(
+        User::Admin,
+        &[
+            "-n",
+            &served,
+            "create",
+            "rolebinding",
+            "alice-tasks",
+            &format!("--clusterrole={release}-toolyard-task-runner"),
+            "--user=alice",
+        ],
+    )
+    .expect("bind task-runner");
+    let alice: Api<CodingTask> = Api::namespaced(env.client(User::Alice).await, &served);
+    let as_admin: Api<CodingTask> = Api::namespaced(admin.clone(), &served);
+    // …only as herself, once the policy is loaded (probe until alice's forged task is refused).
+    wait_until(Duration::from_secs(30), "the installed policy to be enforced", || async {
+        let name = format!("probe-{}", random_suffix(5));
+        match alice.create(&PostParams::default(), &coding_task(&name, "bob")).await {
+            Ok(_) => {
+                as_admin.delete(&name, &DeleteParams::default()).await?;
+                Ok(false)
+            }
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("spec.owner must name the requester") => {
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 403 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+    .unwrap();
+    alice.create(&PostParams::default(), &coding_task("own", "alice")).await.expect("alice's own task");
+
+    // The installed gateway ServiceAccount may create runs for anyone.
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &release_ns);
+    let request = TokenRequest {
+        spec: TokenRequestSpec { audiences: vec![], expiration_seconds: Some(3600), ..Default::default() },
+        ..Default::default()
+    };
+    let token: TokenRequest = sas
+        .create_subresource("token", &format!("{release}-toolyard-gateway"), &PostParams::default(), &request)
+        .await
+        .expect("TokenRequest");
+    let token = token.status.expect("status").token;
+    let mut config = env.config(User::Admin).await.unwrap();
+    config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
+    let gateway: Api<CodingTask> = Api::namespaced(kube::Client::try_from(config).unwrap(), &served);
+    gateway.create(&PostParams::default(), &coding_task("for-bob", "bob")).await.expect("the gateway creates for bob");
+
+    let out = helm(env, &["uninstall", &release, "-n", &release_ns, "--kubeconfig", kubeconfig.to_str().unwrap()]);
+    assert!(out.status.success(), "helm uninstall failed: {}", String::from_utf8_lossy(&out.stderr));
 }
