@@ -38,6 +38,22 @@ pub mod path {
     }
 }
 
+/// Environment of `toolyard-runner agent`, besides the runner protocol's
+/// ([`crate::protocol::env`]). The controller sets the model settings in the agent's Job (the
+/// key from a Secret); the embedded gateway passes its own `TOOLYARD_MODEL*` environment on.
+pub mod env {
+    /// Base URL of the OpenAI-compatible model API, e.g. `https://api.openai.com/v1`.
+    pub const MODEL_BASE_URL: &str = "TOOLYARD_MODEL_BASE_URL";
+    /// Model id.
+    pub const MODEL: &str = "TOOLYARD_MODEL";
+    /// The model API key (never logged).
+    pub const MODEL_API_KEY: &str = "TOOLYARD_MODEL_API_KEY";
+    /// The Python interpreter of the agent's harness.
+    pub const AGENT_PYTHON: &str = "TOOLYARD_AGENT_PYTHON";
+    /// `PYTHONPATH` of the harness (where the `toolyard` package is).
+    pub const AGENT_PYTHONPATH: &str = "TOOLYARD_AGENT_PYTHONPATH";
+}
+
 /// Event types of a task's `events/` log, in lifecycle order.
 pub mod event {
     /// The task object was created.

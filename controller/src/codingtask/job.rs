@@ -6,6 +6,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
+use toolyard_api::agent::env::{MODEL, MODEL_API_KEY, MODEL_BASE_URL};
 use toolyard_api::protocol::env;
 use toolyard_api::token::SigningKey;
 use toolyard_api::{CodingTask, SecretKeyRef};
@@ -16,13 +17,6 @@ use crate::error::{Error, Result};
 use crate::labels;
 use crate::pod;
 use crate::run::{self, RunKind};
-
-/// Base URL of the OpenAI-compatible model API.
-pub const MODEL_BASE_URL: &str = "TOOLYARD_MODEL_BASE_URL";
-/// Model id.
-pub const MODEL: &str = "TOOLYARD_MODEL";
-/// The model API key (from a Secret).
-pub const MODEL_API_KEY: &str = "TOOLYARD_MODEL_API_KEY";
 
 /// The model settings a task runs with, after defaults.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -264,7 +264,7 @@ impl LocalExecutor {
             }
         };
         let tree = ProcessTree::new(child.id());
-        let stderr = child.stderr.take().map(|s| tokio::spawn(read_bounded(s)));
+        let stderr = child.stderr.take().map(|s| tokio::spawn(read_bounded(s, RUNNER_STDERR_LIMIT)));
         tracing::debug!(call = %id, "runner started");
 
         enum Ended {
@@ -356,14 +356,16 @@ fn now() -> i64 {
         .unwrap_or(0)
 }
 
-async fn read_bounded(mut stream: tokio::process::ChildStderr) -> String {
+/// Reads a child's stderr to its end, keeping its first `limit` bytes (the rest is drained so
+/// the child never blocks on a full pipe).
+pub async fn read_bounded(mut stream: tokio::process::ChildStderr, limit: usize) -> String {
     let mut kept = Vec::new();
     let mut buf = [0u8; 8192];
     while let Ok(n) = stream.read(&mut buf).await {
         if n == 0 {
             break;
         }
-        let room = RUNNER_STDERR_LIMIT.saturating_sub(kept.len());
+        let room = limit.saturating_sub(kept.len());
         kept.extend_from_slice(&buf[..n.min(room)]);
     }
     String::from_utf8_lossy(&kept).into_owned()

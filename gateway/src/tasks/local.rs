@@ -22,9 +22,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use toolyard_api::agent::env::{AGENT_PYTHON, AGENT_PYTHONPATH, MODEL, MODEL_API_KEY, MODEL_BASE_URL};
 use toolyard_api::agent::{TaskResult, TaskStatus};
 use toolyard_api::codingtask::{Budgets, TaskType, ToolSelection};
 use toolyard_api::protocol::env;
@@ -34,16 +34,9 @@ use toolyard_api::{Owner, OwnerKey};
 
 use super::view::{self, task_folder, task_path};
 use super::{NewTask, Phase, TaskBackend, TaskRecord, now_ms};
-use crate::executor::local::{Launch, ProcessTree, runner_command};
+use crate::executor::local::{Launch, ProcessTree, read_bounded, runner_command};
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
-
-/// Environment variable (of the gateway): base URL of the model API.
-pub const MODEL_BASE_URL: &str = "TOOLYARD_MODEL_BASE_URL";
-/// Environment variable (of the gateway): model id.
-pub const MODEL: &str = "TOOLYARD_MODEL";
-/// Environment variable (of the gateway): the model API key (passed on, never logged).
-pub const MODEL_API_KEY: &str = "TOOLYARD_MODEL_API_KEY";
 
 /// Time after the deadline before a still-running agent is stopped by the gateway (the agent
 /// stops itself at the deadline; this is the backstop).
@@ -301,14 +294,14 @@ impl LocalTasks {
             .env(env::RUN_ID, record.id.as_str())
             .env(MODEL_BASE_URL, &model.base_url)
             .env(MODEL, &model.model)
-            .env("TOOLYARD_AGENT_PYTHON", &self.settings.python)
+            .env(AGENT_PYTHON, &self.settings.python)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         if let Some(key) = &model.api_key {
             command.env(MODEL_API_KEY, key);
         }
         if let Some(package) = &self.settings.python_package {
-            command.env("TOOLYARD_AGENT_PYTHONPATH", package);
+            command.env(AGENT_PYTHONPATH, package);
         }
         if let Some(tp) = traceparent {
             command.env(env::TRACEPARENT, tp);
@@ -321,7 +314,7 @@ impl LocalTasks {
     async fn supervise(self: Arc<Self>, record: TaskRecord, mut child: tokio::process::Child, stop: CancellationToken) {
         let (owner, id) = (record.owner.key(), record.id.clone());
         let tree = ProcessTree::new(child.id());
-        let stderr = child.stderr.take().map(|s| tokio::spawn(read_bounded(s)));
+        let stderr = child.stderr.take().map(|s| tokio::spawn(read_bounded(s, STDERR_LIMIT)));
         let left = u64::try_from(record.deadline_ms().saturating_sub(now_ms())).unwrap_or(0);
         let backstop = Duration::from_millis(left) + BACKSTOP_SLACK;
         let end = tokio::select! {
@@ -378,19 +371,6 @@ fn apply_result(stored: &mut StoredTask, result: &TaskResult) {
     };
     stored.task_type = Some(result.task_type);
     stored.summary = Some(result.summary.chars().take(toolyard_api::agent::MAX_SUMMARY_CHARS).collect());
-}
-
-async fn read_bounded(mut stream: tokio::process::ChildStderr) -> String {
-    let mut kept = Vec::new();
-    let mut buf = [0u8; 8192];
-    while let Ok(n) = stream.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
-        let room = STDERR_LIMIT.saturating_sub(kept.len());
-        kept.extend_from_slice(&buf[..n.min(room)]);
-    }
-    String::from_utf8_lossy(&kept).into_owned()
 }
 
 /// The local backend behind an `Arc` (the trait needs `&self`; supervisors need the `Arc`).

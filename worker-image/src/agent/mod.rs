@@ -29,16 +29,7 @@ use conversation::Ending;
 use model::ModelSettings;
 use requests::Tally;
 
-/// Environment variable: base URL of the OpenAI-compatible model API.
-pub const MODEL_BASE_URL: &str = "TOOLYARD_MODEL_BASE_URL";
-/// Environment variable: model id.
-pub const MODEL: &str = "TOOLYARD_MODEL";
-/// Environment variable: the model API key (never logged).
-pub const MODEL_API_KEY: &str = "TOOLYARD_MODEL_API_KEY";
-/// Environment variable: the Python interpreter of the harness.
-pub const AGENT_PYTHON: &str = "TOOLYARD_AGENT_PYTHON";
-/// Environment variable: `PYTHONPATH` of the harness (where the `toolyard` package is).
-pub const AGENT_PYTHONPATH: &str = "TOOLYARD_AGENT_PYTHONPATH";
+use toolyard_api::agent::env::{AGENT_PYTHON, AGENT_PYTHONPATH, MODEL, MODEL_API_KEY, MODEL_BASE_URL};
 
 /// Attempts per internal API request (about half a minute of retries in all).
 const INTERNAL_API_ATTEMPTS: u32 = 9;
