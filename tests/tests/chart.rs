@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -266,8 +267,6 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
             &watch,
             "--set",
             &selector,
-            "--set",
-            "gateway.auth.apiKeys.existingSecret=",
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -344,6 +343,59 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
     let gateway: Api<CodingTask> = Api::namespaced(kube::Client::try_from(config).unwrap(), &served);
     gateway.create(&PostParams::default(), &coding_task("for-bob", "bob")).await.expect("the gateway creates for bob");
+
+    // The gateway's RBAC, as installed: what it needs and nothing else (no Jobs, no pods, no
+    // Secrets but the API key Secret, no writes to McpTools, no deletes).
+    let gateway_user = format!("system:serviceaccount:{release_ns}:{release}-toolyard-gateway");
+    let (tc, ct, mt) = ("toolcalls", "codingtasks", "mcptools");
+    for (ns, verb, group, resource, name, expected) in [
+        (&served, "list", "toolyard.dev", mt, "", true),
+        (&served, "watch", "toolyard.dev", mt, "", true),
+        (&served, "create", "toolyard.dev", tc, "", true),
+        (&served, "get", "toolyard.dev", ct, "", true),
+        (&served, "watch", "toolyard.dev", ct, "", true),
+        (&served, "patch", "toolyard.dev", "codingtasks/status", "", true),
+        (&release_ns, "get", "", "secrets", "toolyard-api-keys", true),
+        (&String::new(), "create", "authentication.k8s.io", "tokenreviews", "", true),
+        (&String::new(), "create", "authorization.k8s.io", "subjectaccessreviews", "", true),
+        (&served, "create", "toolyard.dev", mt, "", false),
+        (&served, "patch", "toolyard.dev", mt, "", false),
+        (&served, "delete", "toolyard.dev", tc, "", false),
+        (&served, "delete", "toolyard.dev", ct, "", false),
+        (&served, "create", "batch", "jobs", "", false),
+        (&served, "list", "", "pods", "", false),
+        (&served, "get", "", "secrets", "", false),
+        (&release_ns, "get", "", "secrets", &format!("{release}-toolyard-token-key"), false),
+        (&release_ns, "list", "", "secrets", "", false),
+        (&release_ns, "create", "coordination.k8s.io", "leases", "", false),
+        (&served, "create", "rbac.authorization.k8s.io", "rolebindings", "", false),
+    ] {
+        let (resource, subresource) = resource.split_once('/').map_or((resource, None), |(r, s)| (r, Some(s)));
+        let attrs = ResourceAttributes {
+            namespace: (!ns.is_empty()).then(|| ns.clone()),
+            verb: Some(verb.into()),
+            group: Some(group.into()),
+            resource: Some(resource.into()),
+            subresource: subresource.map(Into::into),
+            name: (!name.is_empty()).then(|| name.to_owned()),
+            ..Default::default()
+        };
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(gateway_user.clone()),
+                groups: Some(vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{release_ns}")]),
+                resource_attributes: Some(attrs),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = Api::<SubjectAccessReview>::all(admin.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("SubjectAccessReview");
+        let allowed = answer.status.is_some_and(|s| s.allowed);
+        assert_eq!(allowed, expected, "gateway {verb} {group}/{resource} {name} in {ns:?}");
+    }
 
     let out = helm(env, &["uninstall", &release, "-n", &release_ns, "--kubeconfig", kubeconfig.to_str().unwrap()]);
     assert!(out.status.success(), "helm uninstall failed: {}", String::from_utf8_lossy(&out.stderr));
