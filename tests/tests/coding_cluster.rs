@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use coding_support::{Client, MODEL_ID, MODEL_KEY, call, connect_with, ok, structured, text_of, wait_final};
 use e2e_support::Platform;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use serde_json::{Value, json};
 use toolyard_api::{CodingTask, ToolCall};
@@ -155,6 +155,21 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
         calls.iter().filter(|c| c.spec.parent_task.as_deref() == Some(task.as_str())).collect();
     assert_eq!(children.len(), 7, "{}", calls.len());
     assert!(children.iter().all(|c| c.spec.owner.user == "alice"));
+    // The chart's NetworkPolicies: the agent pod may reach the model (and, as every run pod,
+    // DNS and the gateway's internal port); the tool pods it caused may not reach the model.
+    let pods = Api::<Pod>::namespaced(admin.clone(), &ns).list(&Default::default()).await.expect("pods").items;
+    let labels_of = |pod: &Pod| pod.metadata.labels.clone().unwrap_or_default();
+    let agent: Vec<_> = pods.iter().map(labels_of).filter(|l| l.get("toolyard.dev/task") == Some(&task)).collect();
+    assert_eq!(agent.len(), 1, "one agent pod for the task");
+    assert!(platform.policy_selects("runs", &agent[0]) && platform.policy_selects("agent-model", &agent[0]));
+    let tools: Vec<_> = pods.iter().map(labels_of).filter(|l| l.contains_key("toolyard.dev/call")).collect();
+    assert!(!tools.is_empty());
+    for labels in &tools {
+        assert!(
+            platform.policy_selects("runs", labels) && !platform.policy_selects("agent-model", labels),
+            "{labels:?}"
+        );
+    }
 
     // A tool its owner may not call looks exactly like a tool that does not exist — to the
     // agent's code, and on the internal API (with the task's own token).
@@ -310,6 +325,30 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
     assert_eq!(result["status"], "failed", "{result}");
     let error = result["error"].as_str().unwrap_or_default();
     assert!(error.contains(&format!("the model endpoint http://127.0.0.1:{port}/v1 is unreachable")), "{error}");
+
+    // A CodingTask may name its own model and key Secret over the chart's defaults: alice
+    // creates one herself; it runs with her model id and her key, and she reads its result.
+    let own = ScriptedModel::start(
+        "sk-alice-own-key-0002",
+        vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'my own model'})")],
+    )
+    .await;
+    kubectl(&ns, &["create", "secret", "generic", "alice-model", "--from-literal=key=sk-alice-own-key-0002"]);
+    let task: CodingTask = serde_json::from_value(json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
+        "metadata": {"name": "task-own-model", "namespace": ns},
+        "spec": {"prompt": "use my model", "owner": {"issuer": "kubernetes", "user": "alice"},
+                 "model": {"baseUrl": own.base_url(), "model": "alice-model-id",
+                           "apiKeySecretRef": {"name": "alice-model", "key": "key"}},
+                 "budgets": {"maxSteps": 3, "maxModelCalls": 6, "maxToolCalls": 5, "timeoutSeconds": 300}},
+    }))
+    .expect("CodingTask");
+    let as_alice = TestEnv::get().client(User::Alice).await;
+    Api::<CodingTask>::namespaced(as_alice, &ns).create(&Default::default(), &task).await.expect("alice creates it");
+    let result = wait_final(&alice, "task-own-model", Duration::from_secs(180)).await;
+    assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("my own model")));
+    assert_eq!(own.requests()[0]["model"], "alice-model-id");
+    assert_eq!(own.rejected(), 0, "the task's own key was sent");
 
     // notifications/cancelled, posted to another replica, stops a call waiting on this one.
     let fixture =

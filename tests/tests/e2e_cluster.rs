@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use e2e_support::Platform;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
 use toolyard_api::ToolCall;
@@ -24,26 +25,13 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
     result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
 }
 
-async fn grant_call_all(ns: &str, user: &str) {
-    let env = TestEnv::get();
-    env.kubectl_as(
-        User::Admin,
-        &["-n", ns, "create", "role", "call-tools", "--verb=call", "--resource=mcptools.toolyard.dev"],
-    )
-    .expect("role");
-    env.kubectl_as(
-        User::Admin,
-        &["-n", ns, "create", "rolebinding", "call-tools", "--role=call-tools", &format!("--user={user}")],
-    )
-    .expect("binding");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     let platform = Platform::start(&[]).await;
     platform.apply_tools("examples/pricing/tools.yaml").await;
     platform.apply_tools("tests/fixtures/misbehaving/tools.yaml").await;
-    grant_call_all(&platform.ns, "alice").await;
+    // alice may call every tool through the chart's tool-caller role.
+    platform.grant_tool_caller("alice");
 
     let alice = platform.client(User::Alice).await;
     let mut names = Vec::new();
@@ -86,6 +74,17 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     let job_name = status.job_name.clone().expect("job name");
     let job = Api::<Job>::namespaced(env.client(User::Admin).await, &platform.ns).get(&job_name).await.expect("job");
     assert_eq!(job.spec.as_ref().and_then(|s| s.backoff_limit), Some(0));
+    // Its pod ran in a namespace enforcing the restricted Pod Security Standard, and the
+    // chart's NetworkPolicies apply to it as a run pod (DNS and the gateway's internal port
+    // only), not as an agent pod (no model egress).
+    let pods = Api::<Pod>::namespaced(env.client(User::Admin).await, &platform.ns)
+        .list(&ListParams::default().labels(&format!("job-name={job_name}")))
+        .await
+        .expect("pods")
+        .items;
+    let labels = pods.first().and_then(|p| p.metadata.labels.clone()).expect("the call's pod");
+    assert!(platform.policy_selects("runs", &labels), "{labels:?}");
+    assert!(!platform.policy_selects("agent-model", &labels), "{labels:?}");
 
     // A function that raises: the tool's own message, as a tool error.
     let failed = alice.call_tool(call("fail", json!({"message": "no quotes today"}))).await.expect("tools/call");

@@ -41,6 +41,8 @@ pub struct Platform {
     pub ns: String,
     /// The release namespace (ServiceAccounts, Lease).
     pub release_ns: String,
+    /// The Helm release name: the chart's objects are `<release>-toolyard-*`.
+    pub release: String,
     /// `https://127.0.0.1:<port>` of the public MCP listener (TLS with a certificate from
     /// the platform's own test CA; [`Platform::http`] trusts it).
     pub base: String,
@@ -65,7 +67,7 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
-/// The chart's RBAC for release `release` (the chart names its objects `<release>-toolyard-*`;
+/// The chart's RBAC, user roles and run NetworkPolicies for release `release` (the chart names its objects `<release>-toolyard-*`;
 /// a release per platform keeps the cluster-scoped bindings of concurrent tests apart).
 fn helm_rbac(env: &TestEnv, release: &str, release_ns: &str, ns: &str) -> String {
     let out = std::process::Command::new(env.bin_dir().join("helm"))
@@ -78,6 +80,7 @@ fn helm_rbac(env: &TestEnv, release: &str, release_ns: &str, ns: &str) -> String
         ])
         .args(["--set", &format!("watchNamespaces={{{ns}}}"), "--set", "gateway.auth.apiKeys.existingSecret="])
         .args(["--show-only", "templates/gateway/rbac.yaml", "--show-only", "templates/gateway/serviceaccount.yaml"])
+        .args(["--show-only", "templates/users/roles.yaml", "--show-only", "templates/runs/networkpolicy.yaml"])
         .args([
             "--show-only",
             "templates/controller/rbac.yaml",
@@ -204,6 +207,10 @@ impl Platform {
         let ns = env.namespace("e2e").await.expect("ns");
         let dir = TempDir::new("e2e");
 
+        // Run pods must pass the restricted Pod Security Standard, as in a hardened cluster.
+        env.kubectl_as(User::Admin, &["label", "namespace", &ns, "pod-security.kubernetes.io/enforce=restricted"])
+            .expect("label namespace");
+
         // The chart's ServiceAccounts and RBAC, bound to this namespace.
         let rbac = dir.path().join("rbac.yaml");
         let release = format!("ty{}", random_suffix(6));
@@ -289,6 +296,7 @@ impl Platform {
         let platform = Platform {
             ns,
             release_ns,
+            release,
             base,
             internal: internal_url,
             gateway_ops: format!("http://127.0.0.1:{ops}"),
@@ -338,6 +346,63 @@ impl Platform {
         let log = self.dir.path().join(Self::controller_log(self.controller_starts));
         self.controller = Some(spawn(&binary("toolyard-controller"), &[], &self.controller_env, &log));
         self.wait_controller_leads().await;
+    }
+
+    /// Lets `user` call every tool of the served namespace through the chart's `tool-caller`
+    /// ClusterRole (a RoleBinding, as an operator grants it).
+    pub fn grant_tool_caller(&self, user: &str) {
+        let role = format!("--clusterrole={}-toolyard-tool-caller", self.release);
+        TestEnv::get()
+            .kubectl_as(
+                User::Admin,
+                &[
+                    "-n",
+                    &self.ns,
+                    "create",
+                    "rolebinding",
+                    &format!("tool-caller-{user}"),
+                    &role,
+                    &format!("--user={user}"),
+                ],
+            )
+            .expect("bind tool-caller");
+    }
+
+    /// An object of the chart as the platform applied it (RBAC, user roles, run
+    /// NetworkPolicies), by kind and name without the `<release>-toolyard-` prefix.
+    pub fn chart_object(&self, kind: &str, short_name: &str) -> serde_json::Value {
+        let name = format!("{}-toolyard-{short_name}", self.release);
+        let text = std::fs::read_to_string(self.dir.path().join("rbac.yaml")).expect("rendered chart");
+        text.split("\n---")
+            .filter(|doc| doc.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
+            .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name.as_str())
+            .unwrap_or_else(|| panic!("{kind} {name} is not in the rendered chart"))
+    }
+
+    /// Whether the chart's NetworkPolicy `short_name` (in the served namespace) applies to a
+    /// pod with `labels`: its `podSelector` (matchLabels, matchExpressions) matches.
+    pub fn policy_selects(&self, short_name: &str, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        let policy = self.chart_object("NetworkPolicy", short_name);
+        assert_eq!(policy["metadata"]["namespace"], self.ns.as_str());
+        let selector = &policy["spec"]["podSelector"];
+        let by_labels = selector["matchLabels"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str());
+        let by_expressions = selector["matchExpressions"].as_array().into_iter().flatten().all(|e| {
+            let key = e["key"].as_str().expect("key");
+            let values: Vec<&str> = e["values"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+            match e["operator"].as_str() {
+                Some("Exists") => labels.contains_key(key),
+                Some("DoesNotExist") => !labels.contains_key(key),
+                Some("In") => labels.get(key).is_some_and(|v| values.contains(&v.as_str())),
+                Some("NotIn") => labels.get(key).is_none_or(|v| !values.contains(&v.as_str())),
+                other => panic!("operator {other:?}"),
+            }
+        });
+        by_labels && by_expressions
     }
 
     /// Kills the controller and starts it again.
