@@ -400,3 +400,105 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     let out = helm(env, &["uninstall", &release, "-n", &release_ns, "--kubeconfig", kubeconfig.to_str().unwrap()]);
     assert!(out.status.success(), "helm uninstall failed: {}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// The README's "Try it on kind" steps name objects and values; they must be what the chart
+/// renders with `examples/kind/values.yaml` (release `toolyard` in namespace `toolyard`), what
+/// the dev S3 manifest creates and what the Dockerfile builds.
+#[tokio::test]
+async fn the_kind_walkthrough_matches_the_chart() {
+    let env = TestEnv::get();
+    env.install_crds().await.unwrap();
+    let readme = std::fs::read_to_string(repo_path("README.md")).expect("README");
+    let section = readme.split("### Try it on kind").nth(1).expect("a kind section").split("\n## ").next().unwrap();
+    let script = std::fs::read_to_string(repo_path("scripts/kind.sh")).expect("scripts/kind.sh");
+    let dockerfile = std::fs::read_to_string(repo_path("Dockerfile")).expect("Dockerfile");
+    let s3 = documents(&std::fs::read_to_string(repo_path("examples/kind/s3.yaml")).expect("s3.yaml"));
+
+    // The images: built by the Dockerfile, loaded by the README and the script, used by the chart.
+    let chart_yaml = std::fs::read_to_string(repo_path("charts/toolyard/Chart.yaml")).expect("Chart.yaml");
+    assert!(chart_yaml.contains("appVersion: \"0.1.0\""), "the README's tags are the appVersion");
+    for target in ["gateway", "controller", "runner", "agent", "pricing", "dev-s3"] {
+        assert!(dockerfile.contains(&format!(" AS {target}\n")), "Dockerfile target {target}");
+        assert!(section.contains(&format!(" {target}")) && script.contains(&format!(" {target}")), "{target}");
+    }
+    assert!(section.contains("ghcr.io/toolyard/$t:0.1.0"), "image names in the README");
+
+    let release_ns = env.namespace("chart-kind").await.unwrap();
+    let chart = repo_path("charts/toolyard");
+    let values = repo_path("examples/kind/values.yaml");
+    let out = helm(
+        env,
+        &[
+            "template",
+            "toolyard",
+            chart.to_str().unwrap(),
+            "-n",
+            &release_ns,
+            "--kube-version",
+            "1.34.4",
+            "-f",
+            values.to_str().unwrap(),
+            "--set",
+            "admission.namespaceSelector.matchLabels.none=none",
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest = String::from_utf8(out.stdout).unwrap();
+    let docs = documents(&manifest);
+    // Names the walkthrough uses.
+    let service = find(&docs, "Service", "toolyard-gateway");
+    assert!(section.contains("service/toolyard-gateway 8443:443") && service["spec"]["ports"][0]["port"] == 443);
+    find(&docs, "Secret", "toolyard-gateway-tls");
+    assert!(section.contains("secret toolyard-gateway-tls"));
+    find(&docs, "ClusterRole", "toolyard-tool-caller");
+    assert!(
+        section.contains("--clusterrole=toolyard-tool-caller") && script.contains("--clusterrole=toolyard-tool-caller")
+    );
+    find(&docs, "Role", "toolyard-gateway");
+    assert_eq!(find(&docs, "Role", "toolyard-controller")["metadata"]["namespace"], "team-a", "team-a is served");
+    let gateway = find(&docs, "Deployment", "toolyard-gateway");
+    let env_of = |name: &str| -> String {
+        gateway["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .and_then(|v| v["value"].as_str())
+            .unwrap_or_else(|| panic!("{name}"))
+            .to_owned()
+    };
+    assert!(env_of("TOOLYARD_ALLOWED_HOSTS").split(',').any(|h| h == "localhost"), "https://localhost:8443 is allowed");
+    assert_eq!(env_of("TOOLYARD_TOKENREVIEW_AUDIENCE"), "toolyard", "`create token --audience toolyard`");
+    // The S3 settings point at the dev server's Service and Secret.
+    let s3_service = s3.iter().find(|d| d["kind"] == "Service").expect("S3 Service");
+    let s3_secret = s3.iter().find(|d| d["kind"] == "Secret").expect("S3 Secret");
+    let endpoint = format!(
+        "http://{}.{}.svc:{}",
+        s3_service["metadata"]["name"].as_str().unwrap(),
+        s3_service["metadata"]["namespace"].as_str().unwrap(),
+        s3_service["spec"]["ports"][0]["port"]
+    );
+    assert_eq!(env_of("TOOLYARD_S3_ENDPOINT"), endpoint);
+    assert_eq!(env_of("TOOLYARD_S3_BUCKET"), "toolyard", "the bucket baked into the dev-s3 image");
+    assert!(dockerfile.contains("mkdir -p /out/data/toolyard"));
+    let secret_ref = gateway["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "TOOLYARD_S3_ACCESS_KEY_ID")
+        .expect("S3 credentials")["valueFrom"]["secretKeyRef"]
+        .clone();
+    assert_eq!(secret_ref["name"], s3_secret["metadata"]["name"]);
+    assert!(s3_secret["stringData"].get(secret_ref["key"].as_str().unwrap()).is_some());
+    // The tool's image the walkthrough loads is the one the pricing manifests name.
+    let tools = std::fs::read_to_string(repo_path("examples/pricing/tools.yaml")).expect("tools.yaml");
+    assert!(tools.contains("ghcr.io/toolyard/pricing:0.1.0"));
+
+    // And the apiserver accepts the kind release and the dev S3 manifest.
+    let served = env.namespace("chart-kind-team").await.unwrap();
+    dry_run(env, &release_ns, &manifest.replace("namespace: team-a", &format!("namespace: {served}")));
+    let s3_manifest = std::fs::read_to_string(repo_path("examples/kind/s3.yaml"))
+        .unwrap()
+        .replace("namespace: toolyard", &format!("namespace: {release_ns}"));
+    dry_run(env, &release_ns, &s3_manifest);
+}
