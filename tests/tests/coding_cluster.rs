@@ -350,30 +350,6 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
     assert_eq!(own.requests()[0]["model"], "alice-model-id");
     assert_eq!(own.rejected(), 0, "the task's own key was sent");
 
-    // A CodingTask may name its own model and key Secret over the chart's defaults: alice
-    // creates one herself; it runs with her model id and her key, and she reads its result.
-    let own = ScriptedModel::start(
-        "sk-alice-own-key-0002",
-        vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'my own model'})")],
-    )
-    .await;
-    kubectl(&ns, &["create", "secret", "generic", "alice-model", "--from-literal=key=sk-alice-own-key-0002"]);
-    let task: CodingTask = serde_json::from_value(json!({
-        "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
-        "metadata": {"name": "task-own-model", "namespace": ns},
-        "spec": {"prompt": "use my model", "owner": {"issuer": "kubernetes", "user": "alice"},
-                 "model": {"baseUrl": own.base_url(), "model": "alice-model-id",
-                           "apiKeySecretRef": {"name": "alice-model", "key": "key"}},
-                 "budgets": {"maxSteps": 3, "maxModelCalls": 6, "maxToolCalls": 5, "timeoutSeconds": 300}},
-    }))
-    .expect("CodingTask");
-    let as_alice = TestEnv::get().client(User::Alice).await;
-    Api::<CodingTask>::namespaced(as_alice, &ns).create(&Default::default(), &task).await.expect("alice creates it");
-    let result = wait_final(&alice, "task-own-model", Duration::from_secs(180)).await;
-    assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("my own model")));
-    assert_eq!(own.requests()[0]["model"], "alice-model-id");
-    assert_eq!(own.rejected(), 0, "the task's own key was sent");
-
     // notifications/cancelled, posted to another replica, stops a call waiting on this one.
     let fixture =
         std::fs::read_to_string(toolyard_tests::repo_path("tests/fixtures/misbehaving/tools.yaml")).expect("fixture");
