@@ -53,9 +53,9 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 
 fn dry_run(env: &TestEnv, name: &str, manifest: &str) -> String {
     let file = std::env::temp_dir().join(format!("{name}-{}.yaml", random_suffix(6)));
-    std::fs::write(&file, manifest).unwrap();
+    std::fs::write(&file, manifest).expect("write manifest");
     let out = env
-        .kubectl_as(User::Admin, &["apply", "--dry-run=server", "-f", file.to_str().unwrap()])
+        .kubectl_as(User::Admin, &["apply", "--dry-run=server", "-f", file.to_str().expect("utf-8 path")])
         .unwrap_or_else(|e| panic!("the apiserver refused the chart: {e:#}"));
     let _ = std::fs::remove_file(file);
     out
