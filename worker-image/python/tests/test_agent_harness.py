@@ -70,6 +70,15 @@ def test_variables_persist_between_steps_and_output_is_captured(harness):
     assert second["output"] == "42\n"
 
 
+def test_the_value_of_a_last_bare_expression_is_shown_as_in_a_repl(harness):
+    assert harness.run("x = 6\nx * 7")["output"] == "42\n"
+    assert harness.run("print('a')\n{'k': [1, 2]}", step=2)["output"] == "a\n{'k': [1, 2]}\n"
+    assert harness.run("None\nprint('b')", step=3)["output"] == "b\n", "None is not shown"
+    assert harness.run("print('c')", step=4)["output"] == "c\n", "print's None is not shown"
+    syntax = harness.run("x = (", step=5)
+    assert "SyntaxError" in syntax["error"] and "<step>" in syntax["error"], syntax["error"]
+
+
 def test_errors_come_back_as_tracebacks_and_the_next_step_can_repair(harness):
     broken = harness.run("y = undefined_name + 1")
     assert "NameError" in broken["error"] and "undefined_name" in broken["error"]

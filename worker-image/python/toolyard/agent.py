@@ -31,6 +31,7 @@ content, encoding="text"|"base64")`, `read_written_artifact(filename)`,
 
 from __future__ import annotations
 
+import ast
 import base64
 import io
 import json
@@ -155,14 +156,22 @@ def build_namespace(channel: Channel, tools: list[dict[str, Any]], max_artifact_
 
 
 def execute(code: str, namespace: dict[str, Any], max_output: int) -> dict[str, Any]:
-    """Runs one step; returns its output, error traceback and final answer (if any)."""
+    """Runs one step; returns its output (with the value of a last bare expression, as a REPL
+    shows it), error traceback and final answer (if any)."""
     buffer = io.StringIO()
     error = None
     answer = None
     with redirect_stdout(buffer), redirect_stderr(buffer):
         try:
-            compiled = compile(code, "<step>", "exec")
-            exec(compiled, namespace)  # noqa: S102 - running the agent's code is the point
+            tree = ast.parse(code, "<step>", "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, "<step>", "exec"), namespace)  # noqa: S102 - running the agent's code is the point
+            if last is not None:
+                value = eval(compile(last, "<step>", "eval"), namespace)  # noqa: S307 - the same code, its last line
+                if value is not None:
+                    print(repr(value))
         except _FinalAnswer as final:
             answer = final.answer
         except SystemExit as exit_:

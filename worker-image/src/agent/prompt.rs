@@ -34,7 +34,8 @@ pub fn system_prompt(spec: &TaskSpec) -> String {
          # your code\n\
          ```\n\
          The code runs in a persistent Python interpreter: variables and imports stay between steps. \
-         You then see what it printed, or the error with its traceback, and continue. Use print() to see values.\n\
+         You then see what it printed (and the value of a last bare expression, as in a REPL), or the error with \
+         its traceback, and continue. Use print() to see values.\n\
          \n\
          Tools are Python functions already defined in the interpreter. Call them with keyword arguments; they \
          return dicts. A failing tool raises ToolError with the tool's message. Do not import the tools' modules, \
