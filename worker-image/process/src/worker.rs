@@ -28,6 +28,8 @@ pub struct Worker {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     stderr: Capture,
+    /// The task reading stderr; awaited (bounded) once the process died, for its last line.
+    stderr_drained: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// One request line of the jsonl protocol.
@@ -80,11 +82,11 @@ impl Worker {
             return Err("the worker's pipes are missing".into());
         };
         let stderr = Capture::new(log_limit);
-        tokio::spawn({
+        let stderr_drained = Some(tokio::spawn({
             let stderr = stderr.clone();
             async move { stderr.drain(stderr_pipe).await }
-        });
-        let mut worker = Self { child, group, stdin, stdout: BufReader::new(stdout), stderr };
+        }));
+        let mut worker = Self { child, group, stdin, stdout: BufReader::new(stdout), stderr, stderr_drained };
 
         let line = tokio::time::timeout(startup_timeout, worker.read_line()).await;
         let failure = match line {
@@ -191,6 +193,11 @@ impl Worker {
             },
             _ => fallback.to_owned(),
         };
+        // The process is gone: its last words are in the pipe until the reader sees its end
+        // (bounded: a process outside the group may still hold the pipe open).
+        if let Some(drained) = self.stderr_drained.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), drained).await;
+        }
         match self.stderr.take().last_line() {
             Some(line) => format!("{how}; last line of its stderr: {line}"),
             None => how,
