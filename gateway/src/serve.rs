@@ -18,6 +18,7 @@ use crate::app::app_with;
 use crate::auth::{AuthArgs, AuthMetrics, metadata_router, require_identity};
 use crate::authz::{AuthzArgs, AuthzMetrics};
 use crate::catalog::kube::{KubeCatalog, Namespaces};
+use crate::executor::Executor;
 use crate::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeResultRecorder};
 use crate::executor::pool::PoolClient;
 use crate::internal::{InternalArgs, InternalState};
@@ -289,6 +290,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let catalog = Arc::new(catalog);
     let executor = Arc::new(executor);
+    let flushed = executor.clone();
     let task_namespace = args.task_namespace();
     let tasks: Arc<dyn TaskBackend> = Arc::new(KubeTasks::start(
         client.clone(),
@@ -357,6 +359,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         ..ServerSettings::default()
     };
     let result = crate::server::serve(listeners, &server, tokens).await;
+    flushed.flush().await;
     background.cancel();
     result
 }

@@ -130,7 +130,24 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
     // Files under alice's prefix; no ToolCall objects.
     assert!(toolcalls(&ns).await.is_empty(), "pool calls create no ToolCall");
     let owner = OwnerKey::derive("kubernetes", "alice");
-    let files: Vec<String> = gw.store.list(&owner, "calls/").await.expect("list").into_iter().map(|o| o.path).collect();
+    // A pool call's files are written just after its answer.
+    let recorded = |files: &[String]| {
+        files.iter().find(|p| p.starts_with("calls/noisy-pool-") && p.ends_with("/result.json")).is_some_and(|r| {
+            files.contains(&r.replace("/result.json", "/stdout.log"))
+                && files.contains(&r.replace("/result.json", "/input.json"))
+        })
+    };
+    let list = || async {
+        Ok::<_, anyhow::Error>(
+            gw.store.list(&owner, "calls/").await?.into_iter().map(|o| o.path).collect::<Vec<String>>(),
+        )
+    };
+    toolyard_tests::wait_until(std::time::Duration::from_secs(10), "the noisy pool call's files", || async {
+        Ok(recorded(&list().await?))
+    })
+    .await
+    .expect("recorded");
+    let files = list().await.expect("list");
     let noisy_call = files
         .iter()
         .find(|p| p.starts_with("calls/noisy-pool-") && p.ends_with("/stdout.log"))

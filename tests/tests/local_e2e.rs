@@ -173,8 +173,24 @@ async fn misbehaving_tools_fail_cleanly() {
         structured(&local.call("echo", json!({"value": echoed.clone()})).await),
         json!({"value": echoed.clone()})
     );
-    assert_eq!(structured(&local.call("echo_pool", json!({"value": echoed.clone()})).await), json!({"value": echoed}));
-    local.gateway.shutdown().await.unwrap();
+    assert_eq!(
+        structured(&local.call("echo_pool", json!({"value": echoed.clone()})).await),
+        json!({"value": echoed.clone()})
+    );
+    // A pool call's files are written after its answer; shutting down waits for them.
+    let Local { gateway, client, _data } = local;
+    let calls = gateway.data_dir.join("owners").join(OwnerKey::derive("apikey", "local").as_str()).join("calls");
+    gateway.shutdown().await.unwrap();
+    drop(client);
+    let pooled: Vec<_> = std::fs::read_dir(&calls)
+        .expect("calls folder")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("echo-pool-")))
+        .collect();
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    let stored: CallResult = serde_json::from_str(&read(&pooled[0].join("result.json"))).unwrap();
+    assert_eq!(stored.value, Some(json!({"value": echoed.clone()})));
+    assert_eq!(serde_json::from_str::<Value>(&read(&pooled[0].join("input.json"))).unwrap(), json!({"value": echoed}));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

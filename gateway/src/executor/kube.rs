@@ -36,7 +36,7 @@ use toolyard_api::token::SigningKey;
 use toolyard_api::toolcall::{InputRef, ResultSummary};
 use toolyard_api::{GATEWAY_MANAGER, OwnerKey, ToolCall, ToolCallSpec};
 
-use super::pool::{PoolClient, PoolTarget, call_file, run_pool_call};
+use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
 use super::{CallRequest, Executor, ResultRecorder};
 use crate::catalog::kube::Namespaces;
 use crate::store::ArtifactStore;
@@ -159,6 +159,7 @@ pub struct KubeExecutor {
     store: Arc<dyn ArtifactStore>,
     waiters: Arc<Waiters>,
     pool: PoolClient,
+    records: CallRecords,
     signing_key: Option<SigningKey>,
     settings: KubeExecutorSettings,
     namespaces: Namespaces,
@@ -209,7 +210,8 @@ impl KubeExecutor {
                 }
             });
         }
-        Self { client, store, waiters, pool, signing_key, settings, namespaces: namespaces.clone() }
+        let records = CallRecords::new(Arc::clone(&store));
+        Self { client, store, waiters, pool, records, signing_key, settings, namespaces: namespaces.clone() }
     }
 
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
@@ -330,7 +332,7 @@ impl KubeExecutor {
         let pool_key = key.derive(&key_purpose(&tool.namespace, &tool.object_name));
         let target =
             PoolTarget { endpoint: &endpoint, key: &pool_key, namespace: &tool.namespace, grace: self.settings.grace };
-        run_pool_call(&self.pool, self.store.as_ref(), target, request).await
+        run_pool_call(&self.pool, &self.records, target, request).await
     }
 
     async fn with_timeout<T>(&self, fut: impl Future<Output = kube::Result<T>>) -> Result<T> {
@@ -348,6 +350,10 @@ impl Executor for KubeExecutor {
             ExecutionMode::Job => self.call_job(request).await,
             ExecutionMode::Pool => self.call_pool(request).await,
         }
+    }
+
+    async fn flush(&self) {
+        self.records.flush().await;
     }
 
     /// Finds the caller's unfinished ToolCalls labelled with `cancel_key` in the served

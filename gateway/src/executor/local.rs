@@ -29,7 +29,7 @@ use toolyard_api::storage::{CallFile, RunId};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_process::pool::{PoolCall, Readiness, Refused};
 
-use super::pool::{call_file, store_outcome};
+use super::pool::{CallRecord, CallRecords, call_file};
 use super::{CallRequest, Executor, ResultRecorder};
 use crate::catalog::Tool;
 use crate::local::workers::WarmPools;
@@ -152,6 +152,7 @@ pub struct LocalExecutor {
     results: Arc<LocalResults>,
     slots: Arc<Semaphore>,
     pools: Arc<WarmPools>,
+    records: CallRecords,
 }
 
 impl std::fmt::Debug for LocalExecutor {
@@ -171,13 +172,15 @@ impl LocalExecutor {
         pools: Arc<WarmPools>,
         max_concurrent_calls: usize,
     ) -> Result<Self> {
-        Ok(Self { settings, key, store, results, slots: Arc::new(Semaphore::new(max_concurrent_calls.max(1))), pools })
+        let records = CallRecords::new(Arc::clone(&store));
+        let slots = Arc::new(Semaphore::new(max_concurrent_calls.max(1)));
+        Ok(Self { settings, key, store, results, slots, pools, records })
     }
 
-    /// A Pool-mode call on the tool's warm pool in this process: the input is stored, the
-    /// call runs (bounded by the tool's timeout; a call that must first start a worker is
-    /// bounded by the timeout plus a grace), and its result and logs are stored before the
-    /// result is returned, as for a call on a Kubernetes pool.
+    /// A Pool-mode call on the tool's warm pool in this process: the call runs (bounded by
+    /// the tool's timeout; a call that must first start a worker is bounded by the timeout
+    /// plus a grace), then its input, result and logs are recorded as for a call on a
+    /// Kubernetes pool ([`CallRecords`]: written after the answer).
     async fn call_pool(&self, request: CallRequest) -> Result<CallResult> {
         let name = &request.tool.object_name;
         let pool = self.pools.get(name).ok_or_else(|| Error::Internal(format!("no warm workers for tool {name}")))?;
@@ -192,8 +195,6 @@ impl LocalExecutor {
         let timeout =
             Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
-        self.store.put(&owner, &call_file(id, CallFile::Input), Bytes::from(input)).await?;
-
         let call = PoolCall { id, arguments: &request.arguments, timeout, traceparent: request.traceparent.as_deref() };
         let started = std::time::Instant::now();
         let limit = timeout + self.settings.kill_grace + Duration::from_secs(5);
@@ -211,7 +212,8 @@ impl LocalExecutor {
                 (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)
             }
         };
-        store_outcome(self.store.as_ref(), &owner, id, &result, stdout, stderr).await;
+        let record = CallRecord { owner, id: id.to_owned(), input, result: result.clone(), stdout, stderr };
+        self.records.record(record).await;
         Ok(result)
     }
 
@@ -338,6 +340,10 @@ impl Executor for LocalExecutor {
             ExecutionMode::Pool => self.call_pool(request).await,
             ExecutionMode::Job => self.call_job(request).await,
         }
+    }
+
+    async fn flush(&self) {
+        self.records.flush().await;
     }
 }
 

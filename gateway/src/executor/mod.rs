@@ -56,6 +56,10 @@ pub trait Executor: Send + Sync + 'static {
         let _ = (owner, cancel_key);
         Ok(0)
     }
+
+    /// Waits until work the executor finishes after answering (pool calls' files) is done.
+    /// Called at shutdown, once no new calls arrive.
+    async fn flush(&self) {}
 }
 
 /// Records a call's result where the platform keeps run state (the ToolCall's `status.result`

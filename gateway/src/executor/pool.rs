@@ -2,9 +2,15 @@
 //! or a local warm worker in embedded mode.
 //!
 //! [`PoolClient`] is the HTTP client (`POST` [`pool::CALL_PATH`] with a call token signed by
-//! the pool's derived key). [`run_pool_call`] is a whole call: it stores the input, calls the
-//! pool, and stores the result and logs under the caller's prefix, as a Job call would.
+//! the pool's derived key). [`run_pool_call`] is a whole call: it calls the pool and has
+//! [`CallRecords`] store the input, result and logs under the caller's prefix, as a Job
+//! call's files.
+//!
+//! A pool call's files are a record, not its input channel (the arguments travel in the
+//! request), so they are written after the answer, off the caller's path: on a local disk
+//! the files of one call cost about as much as the whole call otherwise.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,9 +20,91 @@ use toolyard_api::protocol::{CallErrorKind, CallResult};
 use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+use toolyard_api::OwnerKey;
+
 use super::CallRequest;
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
+
+/// Records being written at most at once; a call finding none free waits for one, so a slow
+/// store slows callers down instead of piling up memory.
+const MAX_PENDING_RECORDS: usize = 256;
+
+/// Writes pool calls' files (`input.json`, `result.json`, `stdout.log`, `stderr.log`) in
+/// the background. Write failures are logged: the caller already has its result.
+#[derive(Clone)]
+pub struct CallRecords {
+    store: Arc<dyn ArtifactStore>,
+    pending: TaskTracker,
+    room: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for CallRecords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallRecords").field("pending", &self.pending.len()).finish_non_exhaustive()
+    }
+}
+
+/// The files of one finished pool call.
+#[derive(Debug)]
+pub struct CallRecord {
+    /// Whose call it was (the storage prefix).
+    pub owner: OwnerKey,
+    /// The call id.
+    pub id: String,
+    /// The arguments as JSON.
+    pub input: Vec<u8>,
+    /// The result as returned.
+    pub result: CallResult,
+    /// What the tool printed to stdout and stderr (empty logs are not stored).
+    pub stdout: Option<String>,
+    /// See `stdout`.
+    pub stderr: Option<String>,
+}
+
+impl CallRecords {
+    /// Records written to `store`.
+    pub fn new(store: Arc<dyn ArtifactStore>) -> Self {
+        Self { store, pending: TaskTracker::new(), room: Arc::new(Semaphore::new(MAX_PENDING_RECORDS)) }
+    }
+
+    /// Starts writing `record`; returns once it is queued (waiting while
+    /// [`MAX_PENDING_RECORDS`] are in flight).
+    pub async fn record(&self, record: CallRecord) {
+        let Ok(permit) = Arc::clone(&self.room).acquire_owned().await else { return };
+        let store = Arc::clone(&self.store);
+        self.pending.spawn(async move {
+            write_record(store.as_ref(), record).await;
+            drop(permit);
+        });
+    }
+
+    /// Waits until every record started so far is written (at shutdown, after the listeners
+    /// stopped taking calls).
+    pub async fn flush(&self) {
+        self.pending.close();
+        self.pending.wait().await;
+        self.pending.reopen();
+    }
+}
+
+async fn write_record(store: &dyn ArtifactStore, record: CallRecord) {
+    let CallRecord { owner, id, input, result, stdout, stderr } = record;
+    let mut files = vec![(CallFile::Input, input), (CallFile::Result, serde_json::to_vec(&result).unwrap_or_default())];
+    if let Some(out) = stdout.filter(|s| !s.is_empty()) {
+        files.push((CallFile::Stdout, out.into_bytes()));
+    }
+    if let Some(err) = stderr.filter(|s| !s.is_empty()) {
+        files.push((CallFile::Stderr, err.into_bytes()));
+    }
+    for (file, bytes) in files {
+        if let Err(e) = store.put(&owner, &call_file(&id, file), Bytes::from(bytes)).await {
+            tracing::error!(error = %e, call = %id, file = file.file_name(), "storing a pool call's file failed");
+        }
+    }
+}
 
 /// Largest pool response accepted (result plus bounded logs).
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
@@ -134,12 +222,12 @@ pub struct PoolTarget<'a> {
     pub grace: Duration,
 }
 
-/// Runs one call on a pool: stores `input.json`, posts the call, stores `result.json`,
-/// `stdout.log` and `stderr.log`, and returns the result. Tool failures and timeouts are
-/// `Ok` results; an unreachable or misconfigured pool is an `Err`.
+/// Runs one call on a pool: posts the call, has `records` store its files, and returns the
+/// result. Tool failures and timeouts are `Ok` results; an unreachable or misconfigured pool
+/// is an `Err` (and leaves no files).
 pub async fn run_pool_call(
     client: &PoolClient,
-    store: &dyn ArtifactStore,
+    records: &CallRecords,
     target: PoolTarget<'_>,
     request: CallRequest,
 ) -> Result<CallResult> {
@@ -147,7 +235,6 @@ pub async fn run_pool_call(
     let id = request.id.as_str();
     let timeout = Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
     let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
-    store.put(&owner, &call_file(id, CallFile::Input), Bytes::from(input)).await?;
 
     let exp = jiff_now() + i64::try_from((timeout + target.grace).as_secs()).unwrap_or(i64::MAX / 2) + 60;
     let claims = Claims {
@@ -193,31 +280,9 @@ pub async fn run_pool_call(
             return Err(Error::Unavailable("the tool's warm pool is not reachable; try again shortly".into()));
         }
     };
-    store_outcome(store, &owner, id, &result, stdout, stderr).await;
+    let record = CallRecord { owner, id: id.to_owned(), input, result: result.clone(), stdout, stderr };
+    records.record(record).await;
     Ok(result)
-}
-
-/// Stores the result and logs; failures are logged (the caller already has the result).
-pub(crate) async fn store_outcome(
-    store: &dyn ArtifactStore,
-    owner: &toolyard_api::OwnerKey,
-    id: &str,
-    result: &CallResult,
-    stdout: Option<String>,
-    stderr: Option<String>,
-) {
-    let mut files = vec![(CallFile::Result, serde_json::to_vec(result).unwrap_or_default())];
-    if let Some(out) = stdout.filter(|s| !s.is_empty()) {
-        files.push((CallFile::Stdout, out.into_bytes()));
-    }
-    if let Some(err) = stderr.filter(|s| !s.is_empty()) {
-        files.push((CallFile::Stderr, err.into_bytes()));
-    }
-    for (file, bytes) in files {
-        if let Err(e) = store.put(owner, &call_file(id, file), Bytes::from(bytes)).await {
-            tracing::error!(error = %e, file = file.file_name(), "storing a pool call's file failed");
-        }
-    }
 }
 
 /// `calls/<id>/<file>` relative to the owner's prefix.

@@ -234,6 +234,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let settings = Settings { allowed_hosts, ..Settings::default() };
     let tokens = ShutdownTokens::default();
     let executor: Arc<dyn Executor> = Arc::new(executor);
+    let flushed = executor.clone();
     let authorizer: Arc<dyn Authorizer> = Arc::new(authorizer);
     let tasks: Arc<dyn TaskBackend> =
         Arc::new(LocalTaskBackend(LocalTasks::new(store.clone(), key.clone(), task_settings, background.clone())));
@@ -257,7 +258,11 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     ];
     let server = ServerSettings { shutdown_grace: Duration::from_secs(5), ..ServerSettings::default() };
     let serve_tokens = tokens.clone();
-    let served = tokio::spawn(async move { crate::server::serve(listeners, &server, serve_tokens).await });
+    let served = tokio::spawn(async move {
+        let result = crate::server::serve(listeners, &server, serve_tokens).await;
+        flushed.flush().await;
+        result
+    });
     wait_healthy(addr).await?;
     Ok(LocalGateway { addr, token, data_dir, catalog, pools, tokens, background, served, _lock: lock })
 }
