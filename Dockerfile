@@ -99,6 +99,9 @@ LABEL org.opencontainers.image.title="toolyard-pricing" \
 COPY worker-image/python /opt/toolyard/python
 RUN pip install --no-cache-dir /opt/toolyard/python && rm -rf /opt/toolyard/python
 COPY examples/pricing/pricing /app/pricing
+# Bytecode now: the pods' root filesystem is read-only, so Python could not cache it, and
+# every call would compile the package again.
+RUN python -m compileall -q /app
 WORKDIR /app
 ENV PYTHONPATH=/app
 USER 65532:65532

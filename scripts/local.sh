@@ -19,5 +19,8 @@ if [[ $# -gt 0 && $1 != -* ]]; then
 fi
 
 cargo build --quiet --manifest-path "$ROOT/Cargo.toml" -p toolyard-gateway -p toolyard-runner "${build_flags[@]}"
+# Bytecode for the bundled package and the examples (what `pip install` does for an installed
+# package): with PYTHONDONTWRITEBYTECODE set, every call would compile them again.
+python3 -m compileall -q "$ROOT/worker-image/python/toolyard" "$ROOT/examples" >/dev/null || true
 bin=${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE
 exec "$bin/toolyard-gateway" local "$dir" --runner "$bin/toolyard-runner" "$@"

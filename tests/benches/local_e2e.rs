@@ -17,6 +17,9 @@
 //! `TOOLYARD_BENCH_PYTHON`, else `python3` resolved to its real executable.
 //! `TOOLYARD_BENCH_SECONDS` (default 5) per cell, `TOOLYARD_BENCH_CLIENTS` (default `1,4`),
 //! `TOOLYARD_BENCH_DATA_DIR` (default: a temporary folder) for the gateway's call files.
+//! Before measuring it compiles the bundled `toolyard` package and the example to bytecode, as
+//! `pip install` and the container image do (with `PYTHONDONTWRITEBYTECODE` set, as on some
+//! machines, each fresh process would otherwise compile them again).
 //! The load generator is this program: one task per client, each sending its next request
 //! when the previous answer is complete (stateless MCP `tools/call` over HTTP/1.1).
 
@@ -183,6 +186,17 @@ fn real_python() -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
+/// Writes `__pycache__` for the bundled package and the pricing example.
+fn compile_bytecode(python: &Path) {
+    let status = Command::new(python)
+        .args(["-m", "compileall", "-q"])
+        .arg(repo_path("worker-image/python/toolyard"))
+        .arg(repo_path("examples/pricing/pricing"))
+        .status()
+        .expect("python -m compileall");
+    assert!(status.success(), "python -m compileall failed");
+}
+
 fn python_with_mcp() -> String {
     let python = std::env::var("TOOLYARD_TEST_PYTHON")
         .unwrap_or_else(|_| format!("{}/.cache/toolyard/venv/bin/python", std::env::var("HOME").expect("HOME")));
@@ -280,6 +294,7 @@ async fn run() {
         .collect();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let python = real_python();
+    compile_bytecode(&python);
     let dir = TempDir::new("local-bench");
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).expect("tools folder");
