@@ -78,6 +78,26 @@ async fn suite(store: &dyn ArtifactStore) {
         assert!(store.get_range(&alice, bad, 0, 1).await.is_err(), "range {bad:?}");
         assert!(store.list(&alice, bad).await.is_err(), "list {bad:?}");
     }
+    // Batches: every file written, in one folder or several; a bad path writes nothing.
+    let batch = vec![
+        ("calls/c2/input.json".to_owned(), Bytes::from_static(b"{\"a\":1}")),
+        ("calls/c2/result.json".to_owned(), Bytes::from_static(b"{\"ok\":true}")),
+        ("calls/c2/logs/stderr.log".to_owned(), Bytes::from_static(b"warn")),
+    ];
+    store.put_all(&alice, batch).await.expect("put_all");
+    let c2: Vec<String> = store.list(&alice, "calls/c2/").await.expect("list").into_iter().map(|o| o.path).collect();
+    assert_eq!(c2, ["calls/c2/input.json", "calls/c2/logs/stderr.log", "calls/c2/result.json"]);
+    assert_eq!(
+        store.get(&alice, "calls/c2/result.json").await.expect("get"),
+        Some(Bytes::from_static(b"{\"ok\":true}"))
+    );
+    let bad_batch = vec![
+        ("calls/c3/input.json".to_owned(), Bytes::from_static(b"{}")),
+        ("calls/c3/../../escape.json".to_owned(), Bytes::from_static(b"{}")),
+    ];
+    assert!(store.put_all(&alice, bad_batch).await.is_err(), "a batch with a traversal is refused");
+    assert!(store.list(&alice, "calls/c3/").await.expect("list").is_empty(), "and writes nothing");
+
     // A traversal attempt aimed at bob's file reads nothing of bob's.
     store.put(&bob, "calls/secret/input.json", Bytes::from_static(b"bob")).await.expect("put");
     let attempt = format!("../{bob}/calls/secret/input.json");
@@ -136,6 +156,14 @@ async fn folder_store_never_follows_links_out_of_its_root() {
     assert!(store.get_range(&alice, "tasks/secret.txt", 0, 5).await.is_err());
     assert!(store.get(&alice, "calls/c1/result.json").await.is_err());
     assert!(store.put(&alice, "tasks/t1/result.json", Bytes::from_static(b"x")).await.is_err());
+    // In a batch too: the file after a checked one in the same folder is still checked.
+    let batch = vec![
+        ("calls/c1/input.json".to_owned(), Bytes::from_static(b"{}")),
+        ("calls/c1/result.json".to_owned(), Bytes::from_static(b"overwritten")),
+    ];
+    assert!(store.put_all(&alice, batch).await.is_err(), "a planted file link in a batch is refused");
+    assert!(store.put_all(&alice, vec![("tasks/t2/a.json".to_owned(), Bytes::from_static(b"x"))]).await.is_err());
+    assert!(!outside.join("t2").exists(), "nothing was written through the folder link");
     assert!(!outside.join("t1").exists(), "nothing was written through the link");
     assert!(store.list(&alice, "tasks/").await.is_err());
     let listed = store.list(&alice, "calls/").await.expect("list");

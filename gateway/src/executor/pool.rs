@@ -99,10 +99,9 @@ async fn write_record(store: &dyn ArtifactStore, record: CallRecord) {
     if let Some(err) = stderr.filter(|s| !s.is_empty()) {
         files.push((CallFile::Stderr, err.into_bytes()));
     }
-    for (file, bytes) in files {
-        if let Err(e) = store.put(&owner, &call_file(&id, file), Bytes::from(bytes)).await {
-            tracing::error!(error = %e, call = %id, file = file.file_name(), "storing a pool call's file failed");
-        }
+    let files = files.into_iter().map(|(file, bytes)| (call_file(&id, file), Bytes::from(bytes))).collect();
+    if let Err(e) = store.put_all(&owner, files).await {
+        tracing::error!(error = %e, call = %id, "storing a pool call's files failed");
     }
 }
 

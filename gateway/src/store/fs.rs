@@ -106,6 +106,39 @@ impl Inner {
     }
 
     fn put(&self, key: &str, bytes: &[u8]) -> Result<()> {
+        let target = self.prepared_target(key)?;
+        self.write_file(&target, bytes)
+    }
+
+    /// Writes several files in order, stopping at the first failure. Files in the folder of
+    /// the one before them skip the folder's checks (done once, for the first).
+    fn put_all(&self, files: &[(String, Bytes)]) -> Result<()> {
+        let mut checked_folder: Option<PathBuf> = None;
+        for (key, bytes) in files {
+            let target = self.root.join(key.trim_end_matches('/'));
+            let same_folder = checked_folder.as_deref().is_some_and(|f| target.parent() == Some(f));
+            let target = if same_folder {
+                // The folder is checked; the file itself must not be a link.
+                match std::fs::symlink_metadata(&target) {
+                    Ok(meta) if meta.file_type().is_symlink() => {
+                        tracing::warn!(key, "refused a symbolic link inside the storage folder");
+                        return Err(Error::InvalidRequest(format!("invalid storage path {key:?}")));
+                    }
+                    Ok(_) => target,
+                    Err(e) if e.kind() == ErrorKind::NotFound => target,
+                    Err(e) => return Err(io_error("checking", &target, e)),
+                }
+            } else {
+                self.prepared_target(key)?
+            };
+            self.write_file(&target, bytes)?;
+            checked_folder = target.parent().map(Path::to_path_buf);
+        }
+        Ok(())
+    }
+
+    /// The checked file of `key`, its folder created (and checked again once created).
+    fn prepared_target(&self, key: &str) -> Result<PathBuf> {
         let target = self.checked_path(key)?;
         let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
         if !parent.is_dir() {
@@ -113,6 +146,12 @@ impl Inner {
             // The folders were created just now: check again that none is a link.
             self.checked_path(key)?;
         }
+        Ok(target)
+    }
+
+    /// Writes `bytes` to a temporary file beside `target` and renames it into place.
+    fn write_file(&self, target: &Path, bytes: &[u8]) -> Result<()> {
+        let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
         let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
         let write = || {
             let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
@@ -121,11 +160,11 @@ impl Inner {
                 file.sync_data()?;
             }
             drop(file);
-            std::fs::rename(&tmp, &target)
+            std::fs::rename(&tmp, target)
         };
         if let Err(e) = write() {
             let _ = std::fs::remove_file(&tmp);
-            return Err(io_error("writing", &target, e));
+            return Err(io_error("writing", target, e));
         }
         Ok(())
     }
@@ -211,6 +250,19 @@ impl ArtifactStore for FsStore {
             return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
         }
         self.blocking(move |inner| inner.put(&key, &bytes)).await
+    }
+
+    /// All files in one blocking task, the shared folder checked once.
+    async fn put_all(&self, owner: &OwnerKey, files: Vec<(String, Bytes)>) -> Result<()> {
+        let mut keyed = Vec::with_capacity(files.len());
+        for (path, bytes) in files {
+            let key = owner_key_path(owner, &path)?;
+            if key.ends_with('/') {
+                return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
+            }
+            keyed.push((key, bytes));
+        }
+        self.blocking(move |inner| inner.put_all(&keyed)).await
     }
 
     async fn get(&self, owner: &OwnerKey, path: &str) -> Result<Option<Bytes>> {

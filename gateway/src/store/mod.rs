@@ -35,6 +35,18 @@ pub struct Chunk {
 pub trait ArtifactStore: Send + Sync + 'static {
     /// Writes (replaces) an object.
     async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> crate::Result<()>;
+    /// Writes several objects of one owner in order, stopping at the first failure (whose
+    /// error it returns); a path that is not valid fails the batch before anything is
+    /// written. Stores override it when a batch is cheaper than single writes.
+    async fn put_all(&self, owner: &OwnerKey, files: Vec<(String, Bytes)>) -> crate::Result<()> {
+        for (path, _) in &files {
+            owner_key_path(owner, path)?;
+        }
+        for (path, bytes) in files {
+            self.put(owner, &path, bytes).await?;
+        }
+        Ok(())
+    }
     /// Reads a whole object; `None` when it does not exist.
     async fn get(&self, owner: &OwnerKey, path: &str) -> crate::Result<Option<Bytes>>;
     /// Reads `len` bytes from `offset`; `None` when the object does not exist.
