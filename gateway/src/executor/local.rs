@@ -212,8 +212,7 @@ impl LocalExecutor {
                 (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)
             }
         };
-        let record = CallRecord { owner, id: id.to_owned(), input, result: result.clone(), stdout, stderr };
-        self.records.record(record).await;
+        self.records.record(CallRecord::new(owner, id, input, &result, stdout, stderr)).await;
         Ok(result)
     }
 

@@ -56,12 +56,28 @@ pub struct CallRecord {
     pub id: String,
     /// The arguments as JSON.
     pub input: Vec<u8>,
-    /// The result as returned.
-    pub result: CallResult,
+    /// The result as returned, as JSON.
+    pub result: Vec<u8>,
     /// What the tool printed to stdout and stderr (empty logs are not stored).
     pub stdout: Option<String>,
     /// See `stdout`.
     pub stderr: Option<String>,
+}
+
+impl CallRecord {
+    /// The record of call `id`: its input JSON, its result (serialized here, instead of
+    /// copied for the writer) and its logs.
+    pub fn new(
+        owner: OwnerKey,
+        id: &str,
+        input: Vec<u8>,
+        result: &CallResult,
+        stdout: Option<String>,
+        stderr: Option<String>,
+    ) -> Self {
+        let result = serde_json::to_vec(result).unwrap_or_default();
+        Self { owner, id: id.to_owned(), input, result, stdout, stderr }
+    }
 }
 
 impl CallRecords {
@@ -92,7 +108,7 @@ impl CallRecords {
 
 async fn write_record(store: &dyn ArtifactStore, record: CallRecord) {
     let CallRecord { owner, id, input, result, stdout, stderr } = record;
-    let mut files = vec![(CallFile::Input, input), (CallFile::Result, serde_json::to_vec(&result).unwrap_or_default())];
+    let mut files = vec![(CallFile::Input, input), (CallFile::Result, result)];
     if let Some(out) = stdout.filter(|s| !s.is_empty()) {
         files.push((CallFile::Stdout, out.into_bytes()));
     }
@@ -279,8 +295,7 @@ pub async fn run_pool_call(
             return Err(Error::Unavailable("the tool's warm pool is not reachable; try again shortly".into()));
         }
     };
-    let record = CallRecord { owner, id: id.to_owned(), input, result: result.clone(), stdout, stderr };
-    records.record(record).await;
+    records.record(CallRecord::new(owner, id, input, &result, stdout, stderr)).await;
     Ok(result)
 }
 
@@ -291,4 +306,72 @@ pub fn call_file(id: &str, file: CallFile) -> String {
 
 fn jiff_now() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::store::{Chunk, ObjectInfo};
+
+    /// A store whose writes take a while (in memory; only `put` and `get` are used).
+    #[derive(Default)]
+    struct SlowStore(Mutex<BTreeMap<String, Bytes>>);
+
+    #[async_trait]
+    impl ArtifactStore for SlowStore {
+        async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> Result<()> {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.0.lock().unwrap().insert(format!("{owner}/{path}"), bytes);
+            Ok(())
+        }
+        async fn get(&self, owner: &OwnerKey, path: &str) -> Result<Option<Bytes>> {
+            Ok(self.0.lock().unwrap().get(&format!("{owner}/{path}")).cloned())
+        }
+        async fn get_range(&self, _: &OwnerKey, _: &str, _: u64, _: u64) -> Result<Option<Chunk>> {
+            unimplemented!("not used")
+        }
+        async fn list(&self, _: &OwnerKey, _: &str) -> Result<Vec<ObjectInfo>> {
+            unimplemented!("not used")
+        }
+        async fn health(&self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn flush_waits_for_every_record_and_records_keep_only_non_empty_logs() {
+        let store = Arc::new(SlowStore::default());
+        let records = CallRecords::new(store.clone());
+        let owner = OwnerKey::derive("local", "dev");
+        for n in 0..3 {
+            let result = CallResult::ok(serde_json::json!({"n": n}), n);
+            let stdout = Some(if n == 0 { String::new() } else { format!("out {n}") });
+            records
+                .record(CallRecord::new(owner.clone(), &format!("c{n}"), b"{}".to_vec(), &result, stdout, None))
+                .await;
+        }
+        records.flush().await;
+        for n in 0..3u64 {
+            let result = store.get(&owner, &format!("calls/c{n}/result.json")).await.unwrap().expect("result");
+            let result: CallResult = serde_json::from_slice(&result).unwrap();
+            assert_eq!(result.value, Some(serde_json::json!({"n": n})));
+            assert_eq!(
+                store.get(&owner, &format!("calls/c{n}/input.json")).await.unwrap().as_deref(),
+                Some(&b"{}"[..])
+            );
+            let stdout = store.get(&owner, &format!("calls/c{n}/stdout.log")).await.unwrap();
+            assert_eq!(stdout, (n > 0).then(|| Bytes::from(format!("out {n}"))), "call {n}");
+            assert_eq!(store.get(&owner, &format!("calls/c{n}/stderr.log")).await.unwrap(), None);
+        }
+        // Records can still be written after a flush.
+        let result = CallResult::ok(serde_json::json!(1), 0);
+        records.record(CallRecord::new(owner.clone(), "late", Vec::new(), &result, None, None)).await;
+        records.flush().await;
+        assert!(store.get(&owner, "calls/late/result.json").await.unwrap().is_some());
+    }
 }

@@ -92,14 +92,8 @@ impl Inner {
         let mut path = self.root.clone();
         for segment in key.trim_end_matches('/').split('/') {
             path.push(segment);
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    tracing::warn!(key, "refused a symbolic link inside the storage folder");
-                    return Err(Error::InvalidRequest(format!("invalid storage path {key:?}")));
-                }
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => break,
-                Err(e) => return Err(io_error("checking", &path, e)),
+            if !exists_unlinked(&path, key)? {
+                break;
             }
         }
         Ok(self.root.join(key.trim_end_matches('/')))
@@ -119,15 +113,8 @@ impl Inner {
             let same_folder = checked_folder.as_deref().is_some_and(|f| target.parent() == Some(f));
             let target = if same_folder {
                 // The folder is checked; the file itself must not be a link.
-                match std::fs::symlink_metadata(&target) {
-                    Ok(meta) if meta.file_type().is_symlink() => {
-                        tracing::warn!(key, "refused a symbolic link inside the storage folder");
-                        return Err(Error::InvalidRequest(format!("invalid storage path {key:?}")));
-                    }
-                    Ok(_) => target,
-                    Err(e) if e.kind() == ErrorKind::NotFound => target,
-                    Err(e) => return Err(io_error("checking", &target, e)),
-                }
+                exists_unlinked(&target, key)?;
+                target
             } else {
                 self.prepared_target(key)?
             };
@@ -235,6 +222,19 @@ impl Inner {
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+}
+
+/// Whether `path` exists, refusing a symbolic link there (`key` names it in the error).
+fn exists_unlinked(path: &Path, key: &str) -> Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            tracing::warn!(key, "refused a symbolic link inside the storage folder");
+            Err(Error::InvalidRequest(format!("invalid storage path {key:?}")))
+        }
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error("checking", path, e)),
     }
 }
 
