@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -39,7 +38,6 @@ pub const MCP_PATH: &str = "/mcp";
 /// Route template of a toolset endpoint.
 pub const TOOLSET_MCP_PATH: &str = "/toolsets/{toolset}/mcp";
 
-#[derive(Clone)]
 struct McpRoutes {
     service: McpService,
     max_body_bytes: usize,
@@ -76,12 +74,12 @@ where
     <L::Service as Service<Request>>::Error: Into<Infallible> + 'static,
     <L::Service as Service<Request>>::Future: Send + 'static,
 {
-    let routes = McpRoutes {
+    let routes = Arc::new(McpRoutes {
         service: mcp::service(state.clone(), stream_cancel),
         max_body_bytes: state.settings.limits.max_body_bytes,
         metrics: state.metrics.clone(),
         state: state.clone(),
-    };
+    });
     let mcp_router = Router::new()
         .route(MCP_PATH, any(mcp_all))
         .route(TOOLSET_MCP_PATH, any(mcp_toolset))
@@ -112,12 +110,12 @@ fn health_router(state: AppState) -> Router {
     Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(state)
 }
 
-async fn mcp_all(State(routes): State<McpRoutes>, mut request: Request) -> Response {
+async fn mcp_all(State(routes): State<Arc<McpRoutes>>, mut request: Request) -> Response {
     request.extensions_mut().insert(Scope::All);
     forward(&routes, request).await
 }
 
-async fn mcp_toolset(State(routes): State<McpRoutes>, Path(toolset): Path<String>, mut request: Request) -> Response {
+async fn mcp_toolset(State(routes): State<Arc<McpRoutes>>, Path(toolset): Path<String>, mut request: Request) -> Response {
     if !is_dns_label(&toolset) {
         return not_found().await;
     }
@@ -132,7 +130,7 @@ async fn mcp_toolset(State(routes): State<McpRoutes>, Path(toolset): Path<String
 /// notifications, and the call it names may run on any replica (see [`mcp::cancel`]).
 async fn forward(routes: &McpRoutes, request: Request) -> Response {
     if request.method() != Method::POST {
-        return routes.service.handle(request).await.map(Body::new);
+        return routes.service.other(request).await;
     }
     let (parts, body) = request.into_parts();
     let json_body = parts
@@ -159,11 +157,11 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
         let state = routes.state.clone();
         tokio::spawn(async move { mcp::cancel::on_cancelled(&state, &who, &request_id).await });
     }
-    let response = routes.service.handle(Request::from_parts(parts, Body::from(bytes.clone()))).await;
+    let response = routes.service.post(parts, bytes.clone()).await;
     if json_body && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
         return undecodable_message(&bytes);
     }
-    response.map(Body::new)
+    response
 }
 
 /// The JSON-RPC error for a body that is not a JSON-RPC message.

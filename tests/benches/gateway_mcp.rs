@@ -9,7 +9,9 @@
 //!   cache) in its own process, with an executor that answers at once — this measures the
 //!   gateway, not a tool run (the end-to-end figure belongs to the local mode);
 //! - the Python SDK's MCPServer (FastMCP) serving a function of the same shape, stateless with
-//!   JSON responses, no authentication.
+//!   JSON responses, no authentication;
+//! - the transport floor: a bare axum server answering a fixed JSON-RPC body (no MCP, no
+//!   authentication), to show what the load generator and HTTP allow on this machine.
 //!
 //! The load generator is this Rust program (reqwest, one task per client, each sending its
 //! next request when the previous answer is complete). Server CPU is read from
@@ -54,8 +56,10 @@ impl Executor for InstantExecutor {
 }
 
 fn main() {
-    if std::env::var(ROLE).as_deref() == Ok("gateway") {
-        return run_gateway_process();
+    match std::env::var(ROLE).as_deref() {
+        Ok("gateway") => return run_gateway_process(),
+        Ok("floor") => return run_floor_process(),
+        _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(run_benchmark());
@@ -104,6 +108,23 @@ fn run_gateway_process() {
         let listeners = vec![Listener { name: "public", socket, router, tls: None, drain: Drain::First }];
         server::serve(listeners, &ServerSettings::default(), tokens).await.expect("serve");
         let _ = std::fs::remove_dir_all(store_dir);
+    });
+}
+
+/// The transport floor: a bare axum server (same runtime, same HTTP stack as the gateway)
+/// that answers every POST with a fixed JSON-RPC result — no MCP, no authentication. Its
+/// row shows what the load generator and HTTP on this machine allow; no server can beat it.
+fn run_floor_process() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    runtime.block_on(async {
+        const ANSWER: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#;
+        let router = axum::Router::new().route(
+            "/mcp",
+            axum::routing::post(|| async { ([(http::header::CONTENT_TYPE, "application/json")], ANSWER) }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        println!("listening on {}", listener.local_addr().expect("addr"));
+        axum::serve(listener, router).await.expect("serve");
     });
 }
 
@@ -248,6 +269,22 @@ impl Drop for Killed {
     }
 }
 
+/// This program again in `role`, with its address read from its first line.
+fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .env(ROLE, role)
+        .env(NAMESPACE, namespace)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("server process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("address line");
+    let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
+    (Killed(child), addr)
+}
+
 async fn wait_ready(target: &Target) {
     let http = reqwest::Client::new();
     for _ in 0..300 {
@@ -275,25 +312,16 @@ async fn run_benchmark() {
     grant_call(&ns, "alice-calls", &["price-option"], &["alice"], &[]).await;
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("price-option")).await;
 
-    // The gateway process.
-    let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .env(ROLE, "gateway")
-        .env(NAMESPACE, &ns)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("gateway process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("address line");
-    let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
+    let (gateway_child, addr) = spawn_self("gateway", &ns);
     let gateway = Target {
         name: "toolyard-gateway",
         url: format!("http://{addr}/mcp"),
         token: Some(env.token(User::Alice).to_owned()),
-        pid: child.id(),
+        pid: gateway_child.0.id(),
     };
-    let _gateway_child = Killed(child);
+    let (floor_child, addr) = spawn_self("floor", &ns);
+    let floor =
+        Target { name: "floor-bare-axum", url: format!("http://{addr}/mcp"), token: None, pid: floor_child.0.id() };
 
     // The Python SDK server.
     let port = free_port();
@@ -314,8 +342,9 @@ async fn run_benchmark() {
 
     wait_ready(&gateway).await;
     wait_ready(&fastmcp).await;
+    wait_ready(&floor).await;
     // Warm up both (caches, connection pools, Python imports).
-    for target in [&gateway, &fastmcp] {
+    for target in [&gateway, &fastmcp, &floor] {
         for op in ["tools/list", "tools/call"] {
             run_cell(target, op, 4, 1.0).await;
         }
@@ -332,7 +361,7 @@ async fn run_benchmark() {
     let mut rows = Vec::new();
     for op in ["tools/list", "tools/call"] {
         for clients in [1usize, 8, 32] {
-            for target in [&gateway, &fastmcp] {
+            for target in [&gateway, &fastmcp, &floor] {
                 let cell = run_cell(target, op, clients, seconds).await;
                 println!(
                     "| {} | {op} | {clients} | {:.0} | {:.2} | {:.2} | {:.3} | {} |",
@@ -343,18 +372,23 @@ async fn run_benchmark() {
         }
     }
     println!();
-    println!("| op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) |");
-    println!("|---|---|---|---|");
+    println!(
+        "| op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) | \
+         floor: bare axum / python calls/s | gateway / bare axum calls/s |"
+    );
+    println!("|---|---|---|---|---|---|");
     for op in ["tools/list", "tools/call"] {
         for clients in [1usize, 8, 32] {
             let find = |name: &str| {
                 rows.iter().find(|r| r.0 == name && r.1 == op && r.2 == clients).map(|r| &r.3).expect("row")
             };
-            let (g, p) = (find("toolyard-gateway"), find("python-sdk-fastmcp"));
+            let (g, p, f) = (find("toolyard-gateway"), find("python-sdk-fastmcp"), find("floor-bare-axum"));
             println!(
-                "| {op} | {clients} | {:.1}x | {:.1}x |",
+                "| {op} | {clients} | {:.1}x | {:.1}x | {:.1}x | {:.2} |",
                 g.calls_per_second / p.calls_per_second,
-                p.cpu_ms_per_call / g.cpu_ms_per_call
+                p.cpu_ms_per_call / g.cpu_ms_per_call,
+                f.calls_per_second / p.calls_per_second,
+                g.calls_per_second / f.calls_per_second
             );
         }
     }

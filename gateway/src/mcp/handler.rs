@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult, Implementation,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
     ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, SubscriptionFilter,
     Tool as McpTool,
@@ -17,6 +17,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 use toolyard_api::protocol::CallErrorKind;
 use toolyard_api::storage::RunId;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::builtin::Builtin;
@@ -53,6 +54,56 @@ impl Entry {
     }
 }
 
+/// What serving `tools/list` and a registered tool's `tools/call` needs from the request,
+/// whichever way it came in: through rmcp's service ([`RequestInfo::from_context`]) or the
+/// direct path ([`super::direct`]).
+pub(super) struct RequestInfo<'a> {
+    /// The HTTP request (its extensions hold the caller's [`Identity`] and the [`Scope`]).
+    pub parts: Option<&'a http::request::Parts>,
+    /// The JSON-RPC request id, as JSON (part of the cancellation key).
+    pub request_id: Value,
+    /// Fires when the client cancels or goes away.
+    pub cancel: CancellationToken,
+    /// `_meta.traceparent` of the request, if any.
+    pub meta_traceparent: Option<&'a str>,
+}
+
+impl<'a> RequestInfo<'a> {
+    /// The request as rmcp's service hands it to the handler.
+    pub fn from_context(context: &'a RequestContext<RoleServer>) -> Self {
+        Self {
+            parts: context.extensions.get::<http::request::Parts>(),
+            request_id: serde_json::to_value(&context.id).unwrap_or(Value::Null),
+            cancel: context.ct.clone(),
+            meta_traceparent: context.meta.0.get_traceparent(),
+        }
+    }
+
+    /// The authenticated caller (the authentication layer put it in the HTTP extensions).
+    pub fn identity(&self) -> Result<Identity, ErrorData> {
+        self.parts.and_then(|p| p.extensions.get::<Identity>()).cloned().ok_or_else(errors::unauthenticated)
+    }
+
+    /// The endpoint's scope (set by the router).
+    pub fn scope(&self) -> Scope {
+        self.parts.and_then(|p| p.extensions.get::<Scope>()).cloned().unwrap_or(Scope::All)
+    }
+
+    /// The W3C traceparent of the request: `_meta.traceparent` first, then the HTTP header.
+    /// Only well-formed values are kept (they end up in an annotation and an environment
+    /// variable).
+    pub fn traceparent(&self) -> Option<String> {
+        let from_header = || self.parts.and_then(|p| p.headers.get("traceparent")).and_then(|v| v.to_str().ok());
+        self.meta_traceparent.or_else(from_header).filter(|t| is_traceparent(t)).map(str::to_owned)
+    }
+}
+
+/// The built-in a `tools/call` of `name` on `scope` names, if any (built-ins live on `/mcp`
+/// only; on a toolset endpoint the name is looked up in the catalog like any other).
+pub(super) fn builtin_of(scope: &Scope, name: &str) -> Option<Builtin> {
+    if *scope == Scope::All { Builtin::from_name(name) } else { None }
+}
+
 /// The MCP handler. One is cloned per request (the transport is stateless).
 #[derive(Clone)]
 pub struct McpHandler {
@@ -65,29 +116,13 @@ impl McpHandler {
         Self { state }
     }
 
-    fn parts(context: &RequestContext<RoleServer>) -> Option<&http::request::Parts> {
-        context.extensions.get::<http::request::Parts>()
-    }
-
     fn identity(context: &RequestContext<RoleServer>) -> Result<Identity, ErrorData> {
-        Self::parts(context).and_then(|p| p.extensions.get::<Identity>()).cloned().ok_or_else(errors::unauthenticated)
+        RequestInfo::from_context(context).identity()
     }
 
-    fn scope(context: &RequestContext<RoleServer>) -> Scope {
-        Self::parts(context).and_then(|p| p.extensions.get::<Scope>()).cloned().unwrap_or(Scope::All)
-    }
-
-    /// The W3C traceparent of the request: `_meta.traceparent` first, then the HTTP header.
-    /// Only well-formed values are kept (they end up in an annotation and an environment variable).
-    fn traceparent(context: &RequestContext<RoleServer>) -> Option<String> {
-        let from_meta = context.meta.0.get_traceparent().map(str::to_owned);
-        let from_header = || {
-            Self::parts(context)
-                .and_then(|p| p.headers.get("traceparent"))
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        from_meta.or_else(from_header).filter(|t| is_traceparent(t))
+    /// Counts one MCP request of `method` by outcome.
+    pub(super) fn count(&self, method: &'static str, ok: bool) {
+        self.state.metrics.mcp_request(method, if ok { "ok" } else { "error" });
     }
 
     /// Authorizes `entries` for `who` (bounded concurrency, order kept; built-ins are already
@@ -178,13 +213,14 @@ impl McpHandler {
         self.state.limits.settings().retry_after.as_secs().max(1)
     }
 
-    async fn list(
+    /// `tools/list`, whichever path the request came by.
+    pub(super) async fn list(
         &self,
         request: Option<PaginatedRequestParams>,
-        context: &RequestContext<RoleServer>,
+        info: &RequestInfo<'_>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let who = Self::identity(context)?;
-        let scope = Self::scope(context);
+        let who = info.identity()?;
+        let scope = info.scope();
         let after = match request.and_then(|r| r.cursor) {
             Some(c) => Some(cursor::decode_cursor(&c).ok_or_else(errors::invalid_cursor)?),
             None => None,
@@ -237,7 +273,7 @@ impl McpHandler {
                 let stop = context.ct.child_token();
                 let _registration =
                     self.state.cancels.register(cancel::cancel_key(&who.owner_key(), &request_id), stop.clone());
-                tools.run(&arguments, context, Self::traceparent(context), stop).await
+                tools.run(&arguments, context, RequestInfo::from_context(context).traceparent(), stop).await
             }
             Builtin::GetTaskResult => tools.get_result(&arguments).await.map(Into::into),
             Builtin::ListTasks => tools.list(&arguments).await.map(Into::into),
@@ -260,17 +296,27 @@ impl McpHandler {
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let who = Self::identity(context)?;
-        let scope = Self::scope(context);
-        if scope == Scope::All
-            && let Some(builtin) = Builtin::from_name(&request.name)
-        {
+        let info = RequestInfo::from_context(context);
+        let who = info.identity()?;
+        let scope = info.scope();
+        if let Some(builtin) = builtin_of(&scope, &request.name) {
             if !self.visible_builtins(&who, &scope).await?.contains(&builtin) {
                 return Err(errors::unknown_tool(&request.name));
             }
             return self.call_builtin(builtin, &who, request, context).await;
         }
-        let tool = self.resolve(&who, &scope, &request.name).await?;
+        self.call_registered(request, &info).await.map(Into::into)
+    }
+
+    /// `tools/call` of a registered tool (not a built-in: see [`builtin_of`]), whichever path
+    /// the request came by.
+    pub(super) async fn call_registered(
+        &self,
+        request: CallToolRequestParams,
+        info: &RequestInfo<'_>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let who = info.identity()?;
+        let tool = self.resolve(&who, &info.scope(), &request.name).await?;
         let metrics = &self.state.metrics;
         let started = Instant::now();
 
@@ -278,7 +324,7 @@ impl McpHandler {
         let arguments_value = Value::Object(arguments);
         if let Err(problems) = tool.validate(&arguments_value) {
             metrics.tool_call(tool.name(), CallOutcome::InvalidArguments, started.elapsed());
-            return Ok(convert::invalid_arguments(&problems).into());
+            return Ok(convert::invalid_arguments(&problems));
         }
         let Value::Object(arguments) = arguments_value else { unreachable!("built from an object above") };
 
@@ -300,16 +346,15 @@ impl McpHandler {
         let span = tracing::info_span!("tool_call", tool = %tool.name(), call = %id, user = %who.user);
         // A `notifications/cancelled` for this request, wherever it arrives, finds the call
         // by this key (see `super::cancel`).
-        let request_id = serde_json::to_value(&context.id).unwrap_or(Value::Null);
-        let cancel_key = cancel::cancel_key(&owner_key, &request_id);
-        let cancel = context.ct.child_token();
+        let cancel_key = cancel::cancel_key(&owner_key, &info.request_id);
+        let cancel = info.cancel.child_token();
         let _registration = self.state.cancels.register(cancel_key.clone(), cancel.clone());
         let call = CallRequest {
             id: id.clone(),
             tool: tool.clone(),
             caller: who,
             arguments,
-            traceparent: Self::traceparent(context),
+            traceparent: info.traceparent(),
             parent_task: None,
             cancel,
             cancel_key: Some(cancel_key),
@@ -332,7 +377,7 @@ impl McpHandler {
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "call finished"
                 );
-                Ok(convert::call_result_to_mcp(result).into())
+                Ok(convert::call_result_to_mcp(result))
             }
             Err(e) => {
                 let counted = if matches!(e, crate::Error::Busy(_)) { CallOutcome::Busy } else { CallOutcome::Error };
@@ -370,7 +415,7 @@ impl ServerHandler for McpHandler {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let result = self.list(request, &context).await;
+        let result = self.list(request, &RequestInfo::from_context(&context)).await;
         self.state.metrics.mcp_request("tools/list", if result.is_ok() { "ok" } else { "error" });
         result
     }

@@ -6,14 +6,16 @@
 //! `subscriptions/listen` (protocol 2026-07-28; older revisions have no stateless channel);
 //! and `notifications/cancelled` for running calls ([`cancel`]).
 //!
-//! [`service`] builds the rmcp tower service that [`crate::app::app`] mounts at `/mcp` and
-//! `/toolsets/{toolset}/mcp`. The handler reads the caller's [`crate::Identity`] and the
-//! [`Scope`] from the HTTP request extensions that rmcp passes through.
+//! [`service`] builds the [`McpService`] that [`crate::app::app`] mounts at `/mcp` and
+//! `/toolsets/{toolset}/mcp`: plain `tools/list` and `tools/call` requests are answered on
+//! the [`direct`] path, everything else by rmcp's Streamable HTTP service. The handler reads
+//! the caller's [`crate::Identity`] and the [`Scope`] from the HTTP request extensions.
 
 pub mod builtin;
 pub mod cancel;
 mod convert;
 mod cursor;
+mod direct;
 pub mod errors;
 mod handler;
 pub mod resources;
@@ -22,6 +24,9 @@ pub mod tasks;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
@@ -51,20 +56,42 @@ impl Scope {
     }
 }
 
-/// The rmcp service type mounted by the router.
-pub type McpService = StreamableHttpService<McpHandler, NeverSessionManager>;
+/// The MCP endpoint: the [`direct`] path for plain `tools/list` and `tools/call`, rmcp's
+/// stateless Streamable HTTP service for everything else. Cheap to clone.
+#[derive(Clone)]
+pub struct McpService {
+    rmcp: StreamableHttpService<McpHandler, NeverSessionManager>,
+    handler: McpHandler,
+    stop: CancellationToken,
+    allowed_hosts: Arc<[String]>,
+}
 
-/// Builds the stateless Streamable HTTP service: no sessions (any replica serves any request),
-/// JSON responses where the client allows them, hosts and origins from the settings, and the
-/// body cap from the limits. `cancel` ends every stream when fired; the server fires it only
-/// after the shutdown grace period, so in-flight calls can finish.
+impl McpService {
+    /// Serves a POST whose body has been read (and size-checked) already.
+    pub async fn post(&self, parts: http::request::Parts, body: Bytes) -> Response<Body> {
+        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
+            return direct.serve(&self.handler, parts, &self.stop).await;
+        }
+        self.rmcp.handle(Request::from_parts(parts, Body::from(body))).await.map(Body::new)
+    }
+
+    /// Serves any other request (GET, DELETE, ...: rmcp answers them).
+    pub async fn other(&self, request: Request<Body>) -> Response<Body> {
+        self.rmcp.handle(request).await.map(Body::new)
+    }
+}
+
+/// Builds the endpoint. rmcp's service is stateless (any replica serves any request), answers
+/// in JSON where the client allows it, and checks hosts and origins from the settings and the
+/// body cap from the limits. `cancel` ends every stream and every waiting request when fired;
+/// the server fires it only after the shutdown grace period, so in-flight calls can finish.
 pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
     let settings = state.settings.clone();
     let mut config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
-        .with_cancellation_token(cancel)
+        .with_cancellation_token(cancel.clone())
         .with_allowed_hosts(settings.allowed_hosts.clone());
     if settings.allowed_hosts.is_empty() {
         config = config.disable_allowed_hosts();
@@ -74,5 +101,15 @@ pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
     }
     config.max_request_body_bytes = settings.limits.max_body_bytes;
     let handler = McpHandler::new(state);
-    StreamableHttpService::new(move || Ok(handler.clone()), Arc::new(NeverSessionManager::default()), config)
+    let rmcp_handler = handler.clone();
+    McpService {
+        rmcp: StreamableHttpService::new(
+            move || Ok(rmcp_handler.clone()),
+            Arc::new(NeverSessionManager::default()),
+            config,
+        ),
+        handler,
+        stop: cancel,
+        allowed_hosts: settings.allowed_hosts.clone().into(),
+    }
 }

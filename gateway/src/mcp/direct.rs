@@ -1,0 +1,215 @@
+//! The direct path: a plain stateless `tools/list` or `tools/call` is served in the HTTP
+//! request's own task instead of through rmcp's per-request service.
+//!
+//! rmcp serves each stateless request by building a service for it: it spawns a service task
+//! and a handler task and passes the request and the answer through channels. At low
+//! concurrency those hand-offs and the worker-thread wake-ups they cause cost several times
+//! what the gateway's own work does (the `gateway_mcp` bench shows it). The two methods a
+//! client sends on every call are therefore answered here, with the same handler code and the
+//! same JSON-RPC types, serialized the way rmcp serializes them.
+//!
+//! [`take`] only takes a request rmcp would accept and would answer with one JSON message;
+//! everything else goes to rmcp unchanged, which keeps every other rule (and every rejection)
+//! in one place:
+//!
+//! - the body is one JSON-RPC request of `tools/list` or `tools/call` (not a built-in tool,
+//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version;
+//! - `MCP-Protocol-Version` is absent or a known revision older than 2026-07-28 (newer ones
+//!   negotiate per request and carry the standard `Mcp-*` headers);
+//! - `Accept` names both `application/json` and `text/event-stream` with no parameters, and
+//!   `Content-Type` is JSON (checked by the caller);
+//! - no `Origin` header, and the `Host` is one of the allowed hosts (compared as rmcp does).
+//!
+//! A call runs in a task of its own, as under rmcp: a client that goes away cancels it (the
+//! executor stops the run and the outcome is counted) rather than dropping it half-way.
+
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_TYPE, HOST, ORIGIN};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use rmcp::ErrorData;
+use rmcp::model::{
+    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, GetMeta, PaginatedRequestParams, ProtocolVersion,
+    RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
+};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::Scope;
+use super::handler::{McpHandler, RequestInfo, builtin_of};
+
+/// The protocol-version header that marks the per-request (2026-07-28) lifecycle.
+const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
+
+/// A request the direct path serves.
+pub(super) enum Direct {
+    /// `tools/list`.
+    List { id: RequestId, params: Option<PaginatedRequestParams> },
+    /// `tools/call` of a registered tool.
+    Call { id: RequestId, params: CallToolRequestParams, meta: RequestMetaObject },
+}
+
+/// `Some` when the direct path serves this request (see the module docs); `None` sends it to
+/// rmcp. `allowed_hosts` is the setting rmcp enforces.
+pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &[String]) -> Option<Direct> {
+    let headers = &parts.headers;
+    if !accepts_json_and_sse(headers)
+        || !is_json(headers)
+        || headers.contains_key(ORIGIN)
+        || !host_is_allowed(parts, allowed_hosts)
+        || !is_legacy_version(headers)
+    {
+        return None;
+    }
+    let ClientJsonRpcMessage::Request(request) = serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()? else {
+        return None;
+    };
+    let meta = request.request.get_meta().clone();
+    if meta.protocol_version().is_some() {
+        return None;
+    }
+    let scope = parts.extensions.get::<Scope>().cloned().unwrap_or(Scope::All);
+    let id = request.id;
+    match request.request {
+        ClientRequest::ListToolsRequest(list) => Some(Direct::List { id, params: list.params }),
+        ClientRequest::CallToolRequest(call)
+            if builtin_of(&scope, &call.params.name).is_none()
+                && call.params.input_responses.is_none()
+                && call.params.request_state.is_none() =>
+        {
+            Some(Direct::Call { id, params: call.params, meta })
+        }
+        _ => None,
+    }
+}
+
+impl Direct {
+    /// Answers the request: one JSON-RPC message, HTTP 200, as rmcp's JSON response mode does.
+    /// `stop` is the server's hard stop at the end of the shutdown grace period.
+    pub(super) async fn serve(self, handler: &McpHandler, parts: http::request::Parts, stop: &CancellationToken) -> Response {
+        let (id, result) = match self {
+            Direct::List { id, params } => {
+                let info = RequestInfo {
+                    parts: Some(&parts),
+                    request_id: serde_json::to_value(&id).unwrap_or(Value::Null),
+                    cancel: CancellationToken::new(),
+                    meta_traceparent: None,
+                };
+                let result = handler.list(params, &info).await;
+                handler.count("tools/list", result.is_ok());
+                (id, result.map(ServerResult::ListToolsResult))
+            }
+            Direct::Call { id, params, meta } => {
+                let cancel = CancellationToken::new();
+                // Dropped with this future when the client goes away: cancels the call.
+                let gone = cancel.clone().drop_guard();
+                let request_id = serde_json::to_value(&id).unwrap_or(Value::Null);
+                let task_handler = handler.clone();
+                let task_cancel = cancel.clone();
+                let run = tokio::spawn(async move {
+                    let info = RequestInfo {
+                        parts: Some(&parts),
+                        request_id,
+                        cancel: task_cancel,
+                        meta_traceparent: meta.0.get_traceparent(),
+                    };
+                    let result = task_handler.call_registered(params, &info).await;
+                    task_handler.count("tools/call", result.is_ok());
+                    result
+                });
+                let joined = tokio::select! {
+                    joined = run => joined,
+                    () = stop.cancelled() => {
+                        cancel.cancel();
+                        return (StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down\n").into_response();
+                    }
+                };
+                gone.disarm();
+                let result = match joined {
+                    Ok(result) => result.map(ServerResult::CallToolResult),
+                    Err(e) => {
+                        tracing::error!(error = %e, "tool call task failed");
+                        Err(ErrorData::internal_error("the call failed in the gateway", None))
+                    }
+                };
+                (id, result)
+            }
+        };
+        respond(result, id)
+    }
+}
+
+/// The JSON-RPC answer, with the legacy shape older revisions expect (as rmcp's handler
+/// produces it for them).
+fn respond(result: Result<ServerResult, ErrorData>, id: RequestId) -> Response {
+    let message = match result {
+        Ok(mut result) => {
+            result.strip_result_type_for_legacy_peer();
+            result.strip_non_object_output_for_legacy_peer();
+            ServerJsonRpcMessage::response(result, id)
+        }
+        Err(error) => ServerJsonRpcMessage::error(error, Some(id)),
+    };
+    match serde_json::to_vec(&message) {
+        Ok(body) => ([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], Bytes::from(body)).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "serializing a JSON-RPC answer failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "could not serialize the answer\n").into_response()
+        }
+    }
+}
+
+/// `Accept` names both types. An entry with parameters makes it false: a quality weight may
+/// exclude a type, and rmcp decides those.
+fn accepts_json_and_sse(headers: &HeaderMap) -> bool {
+    let (mut json, mut sse) = (false, false);
+    for value in headers.get_all(ACCEPT) {
+        let Ok(value) = value.to_str() else { return false };
+        for entry in value.split(',') {
+            let entry = entry.trim();
+            if entry.contains(';') || entry.contains('"') {
+                return false;
+            }
+            json |= entry.eq_ignore_ascii_case("application/json");
+            sse |= entry.eq_ignore_ascii_case("text/event-stream");
+        }
+    }
+    json && sse
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Absent, or a known revision older than 2026-07-28.
+fn is_legacy_version(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(MCP_PROTOCOL_VERSION) else { return true };
+    let Ok(version) = value.to_str() else { return false };
+    version < ProtocolVersion::V_2026_07_28.as_str() && ProtocolVersion::KNOWN_VERSIONS.iter().any(|v| v.as_str() == version)
+}
+
+/// `host[:port]` lower-cased and without IPv6 brackets, as rmcp compares them.
+fn authority(value: &str) -> Option<(String, Option<u16>)> {
+    let authority = http::uri::Authority::try_from(value.trim()).ok()?;
+    Some((authority.host().trim_matches(['[', ']']).to_ascii_lowercase(), authority.port_u16()))
+}
+
+/// The request's `Host` (or HTTP/2 authority) is allowed: an allowed entry without a port
+/// matches any port. An empty list allows every host, as in rmcp.
+fn host_is_allowed(parts: &http::request::Parts, allowed_hosts: &[String]) -> bool {
+    let host = match parts.headers.get(HOST) {
+        Some(value) => value.to_str().ok().and_then(authority),
+        None => parts.uri.authority().and_then(|a| authority(a.as_str())),
+    };
+    let Some((host, port)) = host else { return false };
+    if allowed_hosts.is_empty() {
+        return true;
+    }
+    allowed_hosts.iter().filter_map(|allowed| authority(allowed)).any(|(allowed, allowed_port)| {
+        allowed == host && allowed_port.is_none_or(|p| port == Some(p))
+    })
+}
