@@ -13,7 +13,7 @@
 //! `completionTime` (and all of McpTool's status) with field manager `toolyard-controller`
 //! through server-side apply on `/status`; the gateway writes the result fields.
 //!
-//! Embed with [`run`] (or [`Controller`] to learn the ops address first); the binary only parses
+//! Embed with [`run()`] (or [`Controller`] to learn the ops address first); the binary only parses
 //! its configuration and calls it.
 
 pub mod codingtask;
@@ -43,7 +43,7 @@ use tracing::info;
 
 pub use config::Config;
 pub use metrics::Metrics;
-/// Stops [`run`] / [`Controller::run`] gracefully when cancelled.
+/// Stops [`run()`] / [`Controller::run`] gracefully when cancelled.
 pub use tokio_util::sync::CancellationToken;
 
 /// A controller process, bound and ready to run.

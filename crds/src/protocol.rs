@@ -51,9 +51,9 @@ pub mod runner_exit {
 
 /// The HTTP API of `toolyard-runner serve` (a warm pool pod, or a local warm worker).
 ///
-/// The gateway posts a [`PoolCallRequest`] with `Authorization: Bearer <token>`, a call token
+/// The gateway posts a [`PoolCallRequest`](pool::PoolCallRequest) with `Authorization: Bearer <token>`, a call token
 /// signed with the pool's derived key (`SigningKey::derive(&pool_key_purpose(ns, tool))`), so a
-/// pool pod holds no key that the internal API accepts. The answer is a [`PoolCallResponse`].
+/// pool pod holds no key that the internal API accepts. The answer is a [`PoolCallResponse`](pool::PoolCallResponse).
 /// `503` with `Retry-After` when every slot and the bounded queue are full.
 pub mod pool {
     use serde::{Deserialize, Serialize};

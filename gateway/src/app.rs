@@ -115,7 +115,11 @@ async fn mcp_all(State(routes): State<Arc<McpRoutes>>, mut request: Request) -> 
     forward(&routes, request).await
 }
 
-async fn mcp_toolset(State(routes): State<Arc<McpRoutes>>, Path(toolset): Path<String>, mut request: Request) -> Response {
+async fn mcp_toolset(
+    State(routes): State<Arc<McpRoutes>>,
+    Path(toolset): Path<String>,
+    mut request: Request,
+) -> Response {
     if !is_dns_label(&toolset) {
         return not_found().await;
     }

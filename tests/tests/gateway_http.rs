@@ -212,3 +212,82 @@ async fn shutdown_finishes_in_flight_calls_and_refuses_new_ones() {
     let after = reqwest::Client::new().post(gw.mcp_url()).body("{}").send().await;
     assert!(after.is_err(), "new connections are refused after shutdown");
 }
+
+/// POSTs `body` with the given `Accept` header and protocol revision (none when `None`).
+async fn post_with(url: &str, token: &str, accept: &str, version: Option<&str>, body: &Value) -> (u16, String) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", accept)
+        .bearer_auth(token)
+        .body(body.to_string());
+    if let Some(v) = version {
+        request = request.header("mcp-protocol-version", v);
+    }
+    let response = request.send().await.expect("request");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("body"))
+}
+
+/// The plain `tools/list` and `tools/call` requests the gateway answers on its direct path
+/// (see gateway/src/mcp/direct.rs) get exactly the answer rmcp's service gives. An `Accept`
+/// entry with a quality weight is one of the shapes the direct path leaves to rmcp, so each
+/// request is sent both ways and the JSON bodies must be equal: results, tool errors,
+/// invalid arguments, unknown tools, string and number ids, with and without a revision.
+#[tokio::test]
+async fn the_direct_path_answers_exactly_as_rmcp_does() {
+    let (ns, gw) = setup("gwdirect", Options::default()).await;
+    create_tool(&ns, "fails", spec("fails", 60), true).await;
+    grant_call(&ns, "alice-fails", &[], &["alice"], &[]).await;
+    let platform = FakePlatform::start(&ns, &gw.internal).await;
+    platform.set("fails", Behaviour::ToolError("volatility must be positive".into()));
+    let url = gw.mcp_url();
+    let token = alice();
+    wait_until(Duration::from_secs(30), "both tools listed", || {
+        let (url, token) = (url.clone(), token.clone());
+        async move {
+            let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+            let (_, body) = post_with(&url, &token, "application/json, text/event-stream", None, &list).await;
+            Ok(body.contains("\"fails\"") && body.contains("\"echo\""))
+        }
+    })
+    .await
+    .expect("tools listed");
+
+    let call = |id: Value, name: &str, arguments: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": arguments}});
+    let requests = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+        json!({"jsonrpc": "2.0", "id": "list-2", "method": "tools/list", "params": {}}),
+        call(json!(3), "echo", json!({"x": 1.5, "label": "direct"})),
+        call(json!("four"), "fails", json!({"x": 1})),
+        call(json!(5), "echo", json!({"x": "not a number"})),
+        call(json!(6), "echo", json!({"x": 1, "extra": true})),
+        call(json!(7), "no-such-tool", json!({"x": 1})),
+        call(json!(8), "../../etc/passwd", json!({})),
+    ];
+    for version in [Some("2025-11-25"), Some("2025-06-18"), None] {
+        for request in &requests {
+            let direct = post_with(&url, &token, "application/json, text/event-stream", version, request).await;
+            let rmcp = post_with(&url, &token, "application/json;q=1, text/event-stream", version, request).await;
+            assert_eq!(direct.0, rmcp.0, "status of {request} ({version:?}): {} vs {}", direct.1, rmcp.1);
+            let parse = |body: &str| -> Value {
+                serde_json::from_str(body)
+                    .unwrap_or_else(|e| panic!("{request} ({version:?}) -> not JSON ({e}): {body}"))
+            };
+            assert_eq!(parse(&direct.1), parse(&rmcp.1), "{request} ({version:?})");
+        }
+    }
+    // The answers are the real ones, not two equal failures.
+    let (_, body) = post_with(&url, &token, "application/json, text/event-stream", None, &requests[2]).await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["id"], 3);
+    assert_eq!(v["result"]["structuredContent"]["echo"]["x"], 1.5, "{v}");
+    let (_, body) = post_with(&url, &token, "application/json, text/event-stream", None, &requests[3]).await;
+    let v: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert_eq!(v["result"]["content"][0]["text"], "volatility must be positive", "{v}");
+    // The valid echo call created a ToolCall on each revision and path (and once more just
+    // above); the invalid ones created none.
+    let echo_calls = toolcalls(&ns).await.iter().filter(|c| c.spec.tool == "echo").count();
+    assert_eq!(echo_calls, 3 * 2 + 1, "only valid echo calls create ToolCalls");
+}

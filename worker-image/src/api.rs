@@ -1,5 +1,5 @@
 //! Client of the gateway's internal API, as one run (call or task) sees it through its scoped
-//! token. The coding-task routes are in [`tasks`].
+//! token. The coding-task routes are in `tasks`.
 
 mod tasks;
 

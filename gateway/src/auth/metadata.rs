@@ -5,7 +5,7 @@
 //! through `WWW-Authenticate: Bearer resource_metadata="..."`.
 //!
 //! URLs are built from the configured public URL; without one, from the request's `Host`
-//! header (checked to be a plain host[:port]) and the default scheme.
+//! header (checked to be a plain `host[:port]`) and the default scheme.
 
 use std::sync::Arc;
 

@@ -1,6 +1,6 @@
 //! [`Executor`] for the embedded local mode: each Job-mode call is a `toolyard-runner call`
 //! child process (in its own process group, with the same environment contract as a Job
-//! pod), each Pool-mode call runs on the tool's warm [`WorkerPool`] in this process
+//! pod), each Pool-mode call runs on the tool's warm `WorkerPool` in this process
 //! ([`crate::local::workers`]), its input, result and logs stored as a Job call's.
 //!
 //! Job calls: the input is stored, a call token is minted with the master key, the runner

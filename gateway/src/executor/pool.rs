@@ -87,7 +87,7 @@ impl CallRecords {
     }
 
     /// Starts writing `record`; returns once it is queued (waiting while
-    /// [`MAX_PENDING_RECORDS`] are in flight).
+    /// `MAX_PENDING_RECORDS` are in flight).
     pub async fn record(&self, record: CallRecord) {
         let Ok(permit) = Arc::clone(&self.room).acquire_owned().await else { return };
         let store = Arc::clone(&self.store);

@@ -17,7 +17,7 @@
 //! PUT  /internal/v1/tasks/{id}/result           the TaskResult (then the task backend records it)
 //! ```
 //!
-//! The task routes ([`tasks`]) answer 503 on a gateway built without a task backend.
+//! The task routes (`tasks`) answer 503 on a gateway built without a task backend.
 //!
 //! Every request carries `Authorization: Bearer <runner token>`, verified with the master
 //! [`SigningKey`]; the claims' kind and id must match the path, and storage is addressed

@@ -86,7 +86,12 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &[S
 impl Direct {
     /// Answers the request: one JSON-RPC message, HTTP 200, as rmcp's JSON response mode does.
     /// `stop` is the server's hard stop at the end of the shutdown grace period.
-    pub(super) async fn serve(self, handler: &McpHandler, parts: http::request::Parts, stop: &CancellationToken) -> Response {
+    pub(super) async fn serve(
+        self,
+        handler: &McpHandler,
+        parts: http::request::Parts,
+        stop: &CancellationToken,
+    ) -> Response {
         let (id, result) = match self {
             Direct::List { id, params } => {
                 let info = RequestInfo {
@@ -189,7 +194,8 @@ fn is_json(headers: &HeaderMap) -> bool {
 fn is_legacy_version(headers: &HeaderMap) -> bool {
     let Some(value) = headers.get(MCP_PROTOCOL_VERSION) else { return true };
     let Ok(version) = value.to_str() else { return false };
-    version < ProtocolVersion::V_2026_07_28.as_str() && ProtocolVersion::KNOWN_VERSIONS.iter().any(|v| v.as_str() == version)
+    version < ProtocolVersion::V_2026_07_28.as_str()
+        && ProtocolVersion::KNOWN_VERSIONS.iter().any(|v| v.as_str() == version)
 }
 
 /// `host[:port]` lower-cased and without IPv6 brackets, as rmcp compares them.
@@ -209,7 +215,108 @@ fn host_is_allowed(parts: &http::request::Parts, allowed_hosts: &[String]) -> bo
     if allowed_hosts.is_empty() {
         return true;
     }
-    allowed_hosts.iter().filter_map(|allowed| authority(allowed)).any(|(allowed, allowed_port)| {
-        allowed == host && allowed_port.is_none_or(|p| port == Some(p))
-    })
+    // An allowed entry that is no authority (such as a bare `::1`) is taken as a host name.
+    let allowed_authority = |allowed: &String| {
+        let allowed = allowed.trim();
+        (!allowed.is_empty()).then(|| {
+            authority(allowed).unwrap_or_else(|| (allowed.trim_matches(['[', ']']).to_ascii_lowercase(), None))
+        })
+    };
+    allowed_hosts
+        .iter()
+        .filter_map(allowed_authority)
+        .any(|(allowed, allowed_port)| allowed == host && allowed_port.is_none_or(|p| port == Some(p)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+
+    fn parts(headers: &[(&str, &str)], scope: Scope) -> http::request::Parts {
+        let mut builder = http::Request::post("/mcp")
+            .header("host", "127.0.0.1:8080")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream");
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let (mut parts, ()) = builder.body(()).expect("request").into_parts();
+        // A later header of the same name replaces the default one.
+        for (name, value) in headers {
+            parts
+                .headers
+                .insert(http::HeaderName::from_bytes(name.as_bytes()).expect("name"), value.parse().expect("v"));
+        }
+        parts.extensions.insert(scope);
+        parts
+    }
+
+    fn hosts() -> Vec<String> {
+        crate::state::loopback_hosts()
+    }
+
+    fn call(name: &str) -> String {
+        json!({"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": name, "arguments": {"x": 1}}})
+            .to_string()
+    }
+
+    #[test]
+    fn plain_list_and_call_requests_take_the_direct_path() {
+        let plain = parts(&[], Scope::All);
+        assert!(matches!(take(&plain, LIST.as_bytes(), &hosts()), Some(Direct::List { .. })));
+        assert!(matches!(take(&plain, call("price_option").as_bytes(), &hosts()), Some(Direct::Call { .. })));
+        for version in ["2025-11-25", "2025-06-18", "2025-03-26"] {
+            let p = parts(&[("mcp-protocol-version", version)], Scope::All);
+            assert!(take(&p, LIST.as_bytes(), &hosts()).is_some(), "{version}");
+        }
+        for host in ["localhost", "LOCALHOST:1", "[::1]:8080", "127.0.0.1"] {
+            assert!(take(&parts(&[("host", host)], Scope::All), LIST.as_bytes(), &hosts()).is_some(), "{host}");
+        }
+        assert!(take(&parts(&[("host", "gw.example:443")], Scope::All), LIST.as_bytes(), &[]).is_some(), "no list");
+        // A built-in's name on a toolset endpoint is just a tool name there.
+        let toolset = parts(&[], Scope::Toolset("pricing".into()));
+        assert!(take(&toolset, call("run_coding_task").as_bytes(), &hosts()).is_some());
+    }
+
+    #[test]
+    fn everything_else_is_left_to_rmcp() {
+        let plain = parts(&[], Scope::All);
+        let meta_version = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+            "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        let mrtr = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "t", "arguments": {}, "requestState": "abc"}});
+        for body in [
+            call("run_coding_task"),
+            call("list_tasks"),
+            meta_version.to_string(),
+            mrtr.to_string(),
+            r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#.to_owned(),
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{}}"#.to_owned(),
+        ] {
+            assert!(take(&plain, body.as_bytes(), &hosts()).is_none(), "{body}");
+        }
+        for headers in [
+            vec![("mcp-protocol-version", "2026-07-28")],
+            vec![("mcp-protocol-version", "1999-01-01")],
+            vec![("accept", "application/json;q=1, text/event-stream")],
+            vec![("accept", "application/json")],
+            vec![("accept", "text/event-stream")],
+            vec![("content-type", "text/plain")],
+            vec![("origin", "http://127.0.0.1:8080")],
+            vec![("host", "evil.example")],
+            vec![("host", "localhost.evil.example:8080")],
+            vec![("host", "not a host")],
+        ] {
+            assert!(take(&parts(&headers, Scope::All), LIST.as_bytes(), &hosts()).is_none(), "{headers:?}");
+        }
+        let pinned = vec!["127.0.0.1:9000".to_owned()];
+        assert!(take(&plain, LIST.as_bytes(), &pinned).is_none(), "an allowed host with a port pins the port");
+    }
 }

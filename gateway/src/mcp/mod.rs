@@ -8,7 +8,7 @@
 //!
 //! [`service`] builds the [`McpService`] that [`crate::app::app`] mounts at `/mcp` and
 //! `/toolsets/{toolset}/mcp`: plain `tools/list` and `tools/call` requests are answered on
-//! the [`direct`] path, everything else by rmcp's Streamable HTTP service. The handler reads
+//! the `direct` path, everything else by rmcp's Streamable HTTP service. The handler reads
 //! the caller's [`crate::Identity`] and the [`Scope`] from the HTTP request extensions.
 
 pub mod builtin;
@@ -56,7 +56,7 @@ impl Scope {
     }
 }
 
-/// The MCP endpoint: the [`direct`] path for plain `tools/list` and `tools/call`, rmcp's
+/// The MCP endpoint: the `direct` path for plain `tools/list` and `tools/call`, rmcp's
 /// stateless Streamable HTTP service for everything else. Cheap to clone.
 #[derive(Clone)]
 pub struct McpService {

@@ -12,7 +12,7 @@
 //!
 //! Subscriptions: on protocol 2026-07-28 a `subscriptions/listen` stream may subscribe to
 //! these URIs and gets `notifications/resources/updated` when the task's events or result
-//! change ([`watch`]). Older revisions subscribe with `resources/subscribe`, which needs a
+//! change (`watch`). Older revisions subscribe with `resources/subscribe`, which needs a
 //! session to deliver notifications on; the gateway is stateless, so it does not offer it.
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! Bounded capture of a child's output stream.
 //!
-//! A tool may print without limit; the runner keeps the first [`Capture::limit`] bytes,
+//! A tool may print without limit; the runner keeps the first `Capture::limit` bytes,
 //! keeps draining the pipe (so the tool never blocks on a full pipe) and notes how much it
 //! dropped.
 

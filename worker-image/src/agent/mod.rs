@@ -1,9 +1,9 @@
 //! `toolyard-runner agent`: the code agent of one coding task.
 //!
-//! The loop ([`conversation`]): the model is told the task, the tools and the rules
+//! The loop (`conversation`): the model is told the task, the tools and the rules
 //! ([`prompt`]); it answers with Python code, which runs in a persistent interpreter
 //! ([`harness`]) whose tool stubs call back through this runner to the gateway, as the task's
-//! owner ([`requests`]); the printed output or the traceback goes back to the model as an
+//! owner (`requests`); the printed output or the traceback goes back to the model as an
 //! observation; until `final_answer(...)` meets the result contract or a budget runs out.
 //! Every step's code, every tool call with its outcome, lifecycle events and the result are
 //! saved through the internal API. SIGTERM (cancellation, the Job's deadline) ends the loop
