@@ -42,7 +42,6 @@ struct McpRoutes {
     service: McpService,
     max_body_bytes: usize,
     metrics: Arc<Metrics>,
-    state: AppState,
 }
 
 /// The public router. `auth` is the authentication layer applied to the MCP routes (not to
@@ -78,7 +77,6 @@ where
         service: mcp::service(state.clone(), stream_cancel),
         max_body_bytes: state.settings.limits.max_body_bytes,
         metrics: state.metrics.clone(),
-        state: state.clone(),
     });
     let mcp_router = Router::new()
         .route(MCP_PATH, any(mcp_all))
@@ -130,8 +128,6 @@ async fn mcp_toolset(
 /// Hands a request to the MCP service. POST bodies are read here first (up to the cap, 413
 /// beyond), so that a body the MCP layer cannot decode gets a JSON-RPC error: `-32700` for
 /// text that is not JSON, `-32600` for JSON that is no JSON-RPC message (HTTP 400 both).
-/// A `notifications/cancelled` is acted on here: the stateless transport drops
-/// notifications, and the call it names may run on any replica (see [`mcp::cancel`]).
 async fn forward(routes: &McpRoutes, request: Request) -> Response {
     if request.method() != Method::POST {
         return routes.service.other(request).await;
@@ -155,12 +151,6 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
         bytes.extend_from_slice(&chunk);
     }
     let bytes = bytes.freeze();
-    if let Some(request_id) = mcp::cancel::cancelled_request_id(&bytes)
-        && let Some(who) = parts.extensions.get::<Identity>().cloned()
-    {
-        let state = routes.state.clone();
-        tokio::spawn(async move { mcp::cancel::on_cancelled(&state, &who, &request_id).await });
-    }
     let response = routes.service.post(parts, bytes.clone()).await;
     if json_body && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
         return undecodable_message(&bytes);

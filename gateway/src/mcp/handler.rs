@@ -120,6 +120,11 @@ impl McpHandler {
         RequestInfo::from_context(context).identity()
     }
 
+    /// The shared state.
+    pub(super) fn state(&self) -> &AppState {
+        &self.state
+    }
+
     /// Counts one MCP request of `method` by outcome.
     pub(super) fn count(&self, method: &'static str, ok: bool) {
         self.state.metrics.mcp_request(method, if ok { "ok" } else { "error" });

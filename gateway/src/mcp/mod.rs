@@ -35,6 +35,7 @@ pub use convert::{call_result_to_mcp, to_mcp_tool};
 pub use cursor::{decode_cursor, encode_cursor};
 pub use handler::{McpHandler, SUPPORTED_PROTOCOL_VERSIONS, new_call_id};
 
+use crate::identity::Identity;
 use crate::state::AppState;
 
 /// Which tools an MCP endpoint serves.
@@ -67,10 +68,18 @@ pub struct McpService {
 }
 
 impl McpService {
-    /// Serves a POST whose body has been read (and size-checked) already.
+    /// Serves a POST whose body has been read (and size-checked) already. A
+    /// `notifications/cancelled` is acted on here: the stateless transport drops
+    /// notifications, and the call it names may run on any replica (see [`cancel`]).
     pub async fn post(&self, parts: http::request::Parts, body: Bytes) -> Response<Body> {
         if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
             return direct.serve(&self.handler, parts, &self.stop).await;
+        }
+        if let Some(request_id) = cancel::cancelled_request_id(&body)
+            && let Some(who) = parts.extensions.get::<Identity>().cloned()
+        {
+            let state = self.handler.state().clone();
+            tokio::spawn(async move { cancel::on_cancelled(&state, &who, &request_id).await });
         }
         self.rmcp.handle(Request::from_parts(parts, Body::from(body))).await.map(Body::new)
     }
