@@ -17,6 +17,8 @@
 //! `TOOLYARD_BENCH_PYTHON`, else `python3` resolved to its real executable.
 //! `TOOLYARD_BENCH_SECONDS` (default 5) per cell, `TOOLYARD_BENCH_CLIENTS` (default `1,4`),
 //! `TOOLYARD_BENCH_DATA_DIR` (default: a temporary folder) for the gateway's call files.
+//! `TOOLYARD_BENCH_BASELINE_BIN_DIR`: compare this build's Pool calls with another build's
+//! gateway instead (see `compare_builds`).
 //! Before measuring it compiles the bundled `toolyard` package and the example to bytecode, as
 //! `pip install` and the container image do (with `PYTHONDONTWRITEBYTECODE` set, as on some
 //! machines, each fresh process would otherwise compile them again).
@@ -222,8 +224,8 @@ fn write_manifests(dir: &Path, slots: usize) {
     std::fs::write(dir.join("tools.yaml"), yaml).expect("write manifests");
 }
 
-fn start_gateway(tools: &Path, data: &Path, python: &Path) -> (Killed, String) {
-    let mut child = Command::new(local::binary("toolyard-gateway"))
+fn start_gateway(gateway: &Path, tools: &Path, data: &Path, python: &Path) -> (Killed, String) {
+    let mut child = Command::new(gateway)
         .arg("local")
         .arg(tools)
         .args(["--listen", "127.0.0.1:0", "--token", TOKEN, "--max-calls", "8"])
@@ -302,7 +304,10 @@ async fn run() {
 
     // TOOLYARD_BENCH_DATA_DIR: where the gateway keeps call files (e.g. a tmpfs, to leave out fsync).
     let data = std::env::var_os("TOOLYARD_BENCH_DATA_DIR").map_or_else(|| dir.path().join("data"), PathBuf::from);
-    let (_gateway, gateway_url) = start_gateway(&tools, &data, &python);
+    if let Some(baseline) = std::env::var_os("TOOLYARD_BENCH_BASELINE_BIN_DIR") {
+        return compare_builds(&PathBuf::from(baseline), &tools, &data, &python, &clients, seconds).await;
+    }
+    let (_gateway, gateway_url) = start_gateway(&local::binary("toolyard-gateway"), &tools, &data, &python);
     let (_sdk, sdk_url) = start_sdk_server();
     let pool = Arc::new(Target {
         name: "toolyard local, Pool + reuse".into(),
@@ -369,5 +374,36 @@ async fn run() {
             job.p50_ms / priced.p50_ms,
             job.p50_ms / pass.p50_ms,
         );
+    }
+}
+
+/// `TOOLYARD_BENCH_BASELINE_BIN_DIR`: the Pool cells only, this build's gateway against the
+/// gateway in that folder (e.g. built from an earlier commit), both serving at once, in
+/// alternating cells (three rounds per client count) so that the host's load hits both alike.
+async fn compare_builds(baseline: &Path, tools: &Path, data: &Path, python: &Path, clients: &[usize], seconds: f64) {
+    let (_base, base_url) = start_gateway(&baseline.join("toolyard-gateway"), tools, &data.join("baseline"), python);
+    let (_this, this_url) = start_gateway(&local::binary("toolyard-gateway"), tools, &data.join("this"), python);
+    let target = |name: &str, url: String| {
+        Arc::new(Target { name: name.into(), url, token: Some(TOKEN.into()), tool: "price_option_pool" })
+    };
+    let (base, this) = (target("baseline build, Pool + reuse", base_url), target("this build, Pool + reuse", this_url));
+    for t in [&base, &this] {
+        wait_ready(t).await;
+        run_cell(t, 2, 1.0).await;
+    }
+    println!("# Local mode, Pool + reuse: this build against {} ({seconds} s per cell)", baseline.display());
+    println!();
+    println!("| target | clients | calls/s | p50 ms | p99 ms | errors |");
+    println!("|---|---|---|---|---|---|");
+    for &n in clients {
+        let (mut sum_base, mut sum_this) = (0.0, 0.0);
+        for _ in 0..3 {
+            for (t, sum) in [(&base, &mut sum_base), (&this, &mut sum_this)] {
+                let cell = run_cell(t, n, seconds).await;
+                row(&t.name, n, &cell);
+                *sum += cell.calls_per_second;
+            }
+        }
+        println!("clients {n}: this / baseline calls/s = {:.2}x", sum_this / sum_base);
     }
 }
