@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use super::Scope;
 use super::handler::{McpHandler, RequestInfo, builtin_of};
 
-/// The protocol-version header that marks the per-request (2026-07-28) lifecycle.
+/// The header that names the protocol revision a request speaks.
 const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
 
 /// A request the direct path serves.
