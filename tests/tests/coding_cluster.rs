@@ -67,8 +67,9 @@ async fn client(platform: &Platform, user: User) -> Client {
     connect_with(platform.http(), &format!("{}/mcp", platform.base), TestEnv::get().token(user), false).await
 }
 
-/// Starts `run_coding_task` in the background and returns the task id (from list_tasks) and
-/// the waiting call.
+/// Starts `run_coding_task` in the background and returns the task id (the one task of
+/// `user` that list_tasks shows and did not show before; an earlier task may still be listed
+/// as running until the controller sees its Job end) and the waiting call.
 async fn start_task(
     platform: &Platform,
     user: User,
@@ -76,22 +77,25 @@ async fn start_task(
     model: &ScriptedModel,
     requests_before: usize,
 ) -> (String, tokio::task::JoinHandle<Value>) {
+    let c = client(platform, user).await;
+    let ids = |listed: &Value| -> Vec<String> {
+        listed["tasks"]
+            .as_array()
+            .expect("tasks")
+            .iter()
+            .filter_map(|t| t["task_id"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let known = ids(&ok(&call(&c, "list_tasks", json!({"limit": 100})).await));
     let waiting = {
         let client = client(platform, user).await;
         tokio::spawn(async move { structured(&call(&client, "run_coding_task", arguments).await) })
     };
     wait_for_requests(model, requests_before + 1, Duration::from_secs(120)).await.expect("the agent asks the model");
-    let c = client(platform, user).await;
     let listed = ok(&call(&c, "list_tasks", json!({"limit": 100})).await);
-    let unfinished: Vec<&str> = listed["tasks"]
-        .as_array()
-        .expect("tasks")
-        .iter()
-        .filter(|t| matches!(t["status"].as_str(), Some("pending" | "running")))
-        .filter_map(|t| t["task_id"].as_str())
-        .collect();
-    assert_eq!(unfinished.len(), 1, "one unfinished task: {listed}");
-    (unfinished[0].to_owned(), waiting)
+    let new: Vec<String> = ids(&listed).into_iter().filter(|id| !known.contains(id)).collect();
+    assert_eq!(new.len(), 1, "one new task: {listed}");
+    (new[0].clone(), waiting)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -273,7 +277,9 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
     let asked = ok(&call(&alice, "cancel_task", json!({"task_id": cancelled})).await);
     assert_eq!(asked["cancel_requested"], true, "{asked}");
     let result = tokio::time::timeout(Duration::from_secs(120), waiting).await.expect("ends").expect("join");
-    gate.open();
+    // The gate stays shut: the cancelled agent may live a moment longer than its task, and a
+    // released answer would let it take the next test's scripted turns.
+    let _held_for_good = gate;
     assert_eq!(result["status"], "cancelled", "{result}");
     let object = Api::<CodingTask>::namespaced(admin.clone(), &ns).get(&cancelled).await.expect("CodingTask");
     assert!(object.spec.cancel_requested);
@@ -334,9 +340,12 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
     )
     .await;
     kubectl(&ns, &["create", "secret", "generic", "alice-model", "--from-literal=key=sk-alice-own-key-0002"]);
+    // Task files live under the owner's prefix, not the namespace's: a fixed name would find
+    // the result of an earlier run on a reused test cluster.
+    let own_task = format!("task-own-{}", &ns[ns.len().saturating_sub(6)..]);
     let task: CodingTask = serde_json::from_value(json!({
         "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
-        "metadata": {"name": "task-own-model", "namespace": ns},
+        "metadata": {"name": own_task, "namespace": ns},
         "spec": {"prompt": "use my model", "owner": {"issuer": "kubernetes", "user": "alice"},
                  "model": {"baseUrl": own.base_url(), "model": "alice-model-id",
                            "apiKeySecretRef": {"name": "alice-model", "key": "key"}},
@@ -345,7 +354,7 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
     .expect("CodingTask");
     let as_alice = TestEnv::get().client(User::Alice).await;
     Api::<CodingTask>::namespaced(as_alice, &ns).create(&Default::default(), &task).await.expect("alice creates it");
-    let result = wait_final(&alice, "task-own-model", Duration::from_secs(180)).await;
+    let result = wait_final(&alice, &own_task, Duration::from_secs(180)).await;
     assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("my own model")));
     assert_eq!(own.requests()[0]["model"], "alice-model-id");
     assert_eq!(own.rejected(), 0, "the task's own key was sent");
