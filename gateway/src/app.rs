@@ -133,11 +133,7 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
         return routes.service.other(request).await;
     }
     let (parts, body) = request.into_parts();
-    let json_body = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(';').next().is_some_and(|e| e.trim().eq_ignore_ascii_case("application/json")));
+    let json_body = mcp::declares_json(&parts.headers);
     let mut stream = body.into_data_stream();
     let mut bytes = BytesMut::new();
     while let Some(chunk) = stream.next().await {

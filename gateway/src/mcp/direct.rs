@@ -54,7 +54,7 @@ pub(super) enum Direct {
 pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &[String]) -> Option<Direct> {
     let headers = &parts.headers;
     if !accepts_json_and_sse(headers)
-        || !is_json(headers)
+        || !super::declares_json(headers)
         || headers.contains_key(ORIGIN)
         || !host_is_allowed(parts, allowed_hosts)
         || !is_legacy_version(headers)
@@ -180,14 +180,6 @@ fn accepts_json_and_sse(headers: &HeaderMap) -> bool {
         }
     }
     json && sse
-}
-
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// Absent, or a known revision older than 2026-07-28.

@@ -421,7 +421,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
         let result = self.list(request, &RequestInfo::from_context(&context)).await;
-        self.state.metrics.mcp_request("tools/list", if result.is_ok() { "ok" } else { "error" });
+        self.count("tools/list", result.is_ok());
         result
     }
 
@@ -431,7 +431,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let result = self.call(request, &context).await;
-        self.state.metrics.mcp_request("tools/call", if result.is_ok() { "ok" } else { "error" });
+        self.count("tools/call", result.is_ok());
         result
     }
 
@@ -442,7 +442,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<ListResourcesResult, ErrorData> {
         let who = Self::identity(&context)?;
         let result = resources::list(&self.state, &who, request.and_then(|r| r.cursor).as_deref()).await;
-        self.state.metrics.mcp_request("resources/list", if result.is_ok() { "ok" } else { "error" });
+        self.count("resources/list", result.is_ok());
         result
     }
 
@@ -452,7 +452,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         Self::identity(&context)?;
-        self.state.metrics.mcp_request("resources/templates/list", "ok");
+        self.count("resources/templates/list", true);
         Ok(if self.state.tasks.is_some() { resources::templates() } else { ListResourceTemplatesResult::default() })
     }
 
@@ -463,7 +463,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let who = Self::identity(&context)?;
         let result = resources::read(&self.state, &who, &request.uri).await;
-        self.state.metrics.mcp_request("resources/read", if result.is_ok() { "ok" } else { "error" });
+        self.count("resources/read", result.is_ok());
         result.map(Into::into)
     }
 
@@ -474,7 +474,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<GetTaskResult, ErrorData> {
         let who = Self::identity(&context)?;
         let result = TaskTools { state: &self.state, who: &who }.extension_get(&request.task_id).await;
-        self.state.metrics.mcp_request("tasks/get", if result.is_ok() { "ok" } else { "error" });
+        self.count("tasks/get", result.is_ok());
         result.map(GetTaskResult::new)
     }
 
@@ -485,7 +485,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<(), ErrorData> {
         let who = Self::identity(&context)?;
         let result = TaskTools { state: &self.state, who: &who }.extension_cancel(&request.task_id).await;
-        self.state.metrics.mcp_request("tasks/cancel", if result.is_ok() { "ok" } else { "error" });
+        self.count("tasks/cancel", result.is_ok());
         result
     }
 
@@ -508,7 +508,7 @@ impl ServerHandler for McpHandler {
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let who = Self::identity(context.request_context())?;
-        self.state.metrics.mcp_request("subscriptions/listen", "ok");
+        self.count("subscriptions/listen", true);
         let mut changes = self.state.catalog.changes();
         changes.borrow_and_update();
         let uris = context.accepted().resource_subscriptions.clone().unwrap_or_default();

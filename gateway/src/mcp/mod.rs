@@ -57,6 +57,15 @@ impl Scope {
     }
 }
 
+/// The request declares a JSON body (`Content-Type: application/json`, parameters allowed).
+pub fn declares_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
+}
+
 /// The MCP endpoint: the `direct` path for plain `tools/list` and `tools/call`, rmcp's
 /// stateless Streamable HTTP service for everything else. Cheap to clone.
 #[derive(Clone)]

@@ -238,6 +238,15 @@ fn exists_unlinked(path: &Path, key: &str) -> Result<bool> {
     }
 }
 
+/// The storage key of a file (not a folder) at `path` of `owner`.
+fn file_key(owner: &OwnerKey, path: &str) -> Result<String> {
+    let key = owner_key_path(owner, path)?;
+    if key.ends_with('/') {
+        return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
+    }
+    Ok(key)
+}
+
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
     Error::Storage(format!("{what} {}: {e}", path.display()))
 }
@@ -245,23 +254,14 @@ fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
 #[async_trait]
 impl ArtifactStore for FsStore {
     async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> Result<()> {
-        let key = owner_key_path(owner, path)?;
-        if key.ends_with('/') {
-            return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
-        }
+        let key = file_key(owner, path)?;
         self.blocking(move |inner| inner.put(&key, &bytes)).await
     }
 
     /// All files in one blocking task, the shared folder checked once.
     async fn put_all(&self, owner: &OwnerKey, files: Vec<(String, Bytes)>) -> Result<()> {
-        let mut keyed = Vec::with_capacity(files.len());
-        for (path, bytes) in files {
-            let key = owner_key_path(owner, &path)?;
-            if key.ends_with('/') {
-                return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
-            }
-            keyed.push((key, bytes));
-        }
+        let keyed =
+            files.into_iter().map(|(path, bytes)| Ok((file_key(owner, &path)?, bytes))).collect::<Result<Vec<_>>>()?;
         self.blocking(move |inner| inner.put_all(&keyed)).await
     }
 
