@@ -13,19 +13,27 @@
 //! - the transport floor: a bare axum server answering a fixed JSON-RPC body (no MCP, no
 //!   authentication), to show what the load generator and HTTP allow on this machine.
 //!
-//! The load generator is this Rust program (reqwest, one task per client, each sending its
-//! next request when the previous answer is complete). Server CPU is read from
+//! The load generator is this Rust program (`support/loadgen.rs`: one thread per client, each
+//! with one keep-alive HTTP/1.1 connection and blocking I/O, sending its next request when the
+//! previous answer is complete). Server CPU is read from
 //! `/proc/<pid>/stat` of each server process. `TOOLYARD_BENCH_SECONDS` sets the time per
-//! cell (default 5).
+//! cell (default 5); `TOOLYARD_BENCH_OPS` (like `tools/call`) and `TOOLYARD_BENCH_CLIENTS`
+//! (like `1,8`) run only some cells, for profiling one of them. `TOOLYARD_BENCH_ROUNDS` runs
+//! every cell that many times, the servers one after the other in each round; the ratios are
+//! the median of the rounds' ratios, which keeps a change of load on a shared machine from
+//! landing on one server only. `TOOLYARD_BENCH_BASELINE_EXE` names another build of this bench
+//! (`target/release/deps/gateway_mcp-*`) whose gateway is measured too, in the same rounds, to
+//! compare two builds of the gateway.
 
 #[path = "../tests/gateway_support/mod.rs"]
 mod gateway_support;
+#[path = "support/loadgen.rs"]
+mod loadgen;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use gateway_support::{create_tool, grant_call, grant_platform};
@@ -120,7 +128,10 @@ fn run_floor_process() {
         const ANSWER: &str = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"isError":false}}"#;
         let router = axum::Router::new().route(
             "/mcp",
-            axum::routing::post(|| async { ([(http::header::CONTENT_TYPE, "application/json")], ANSWER) }),
+            axum::routing::post(|body: bytes::Bytes| async move {
+                let _ = body.len();
+                ([(http::header::CONTENT_TYPE, "application/json")], ANSWER)
+            }),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         println!("listening on {}", listener.local_addr().expect("addr"));
@@ -153,6 +164,21 @@ struct Target {
     pid: u32,
 }
 
+impl Target {
+    fn endpoint(&self) -> loadgen::Endpoint {
+        let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+        ];
+        if let Some(b) = &bearer {
+            headers.push(("authorization", b));
+        }
+        loadgen::Endpoint::new(&self.url, &headers)
+    }
+}
+
 /// Results of one cell.
 struct Cell {
     calls_per_second: f64,
@@ -162,84 +188,44 @@ struct Cell {
     errors: u64,
 }
 
-fn body(op: &str, id: u64) -> String {
+fn body(op: &str, id: u64) -> Vec<u8> {
     match op {
         "tools/list" => json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}).to_string(),
         _ => json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "price_option", "arguments": {"x": 1.5}}})
             .to_string(),
     }
+    .into_bytes()
 }
 
-async fn one_request(http: &reqwest::Client, target: &Target, op: &str, id: u64) -> bool {
-    let mut request = http
-        .post(&target.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(body(op, id));
-    if let Some(t) = &target.token {
-        request = request.bearer_auth(t);
-    }
-    let Ok(response) = request.send().await else { return false };
-    if !response.status().is_success() {
+/// A successful JSON-RPC result that is not a tool error, as JSON or as one SSE event.
+fn succeeded(answer: &loadgen::Answer) -> bool {
+    if answer.status != 200 {
         return false;
     }
-    let Ok(text) = response.text().await else { return false };
-    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(&text);
+    let Ok(text) = std::str::from_utf8(&answer.body) else { return false };
+    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text);
     serde_json::from_str::<Value>(json_text)
         .is_ok_and(|v| v.get("result").is_some_and(|r| r.get("isError") != Some(&json!(true))))
 }
 
 async fn run_cell(target: &Target, op: &'static str, clients: usize, seconds: f64) -> Cell {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("http client");
-    let counter = Arc::new(AtomicU64::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let cpu_before = cpu_seconds(target.pid);
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for _ in 0..clients {
-        let http = http.clone();
-        let counter = counter.clone();
-        let errors = errors.clone();
-        let target =
-            Target { name: target.name, url: target.url.clone(), token: target.token.clone(), pid: target.pid };
-        workers.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            while Instant::now() < deadline {
-                let id = counter.fetch_add(1, Ordering::Relaxed);
-                let t = Instant::now();
-                if one_request(&http, &target, op, id).await {
-                    latencies.push(t.elapsed());
-                } else {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            latencies
-        }));
-    }
-    let mut latencies = Vec::new();
-    for w in workers {
-        latencies.extend(w.await.expect("worker"));
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(target.pid) - cpu_before;
-    latencies.sort();
-    let pick = |q: f64| {
-        if latencies.is_empty() {
-            return f64::NAN;
+    let endpoint = target.endpoint();
+    let pid = target.pid;
+    tokio::task::spawn_blocking(move || {
+        let cpu_before = cpu_seconds(pid);
+        let measured = loadgen::run(&endpoint, clients, seconds, move |id| body(op, id), succeeded);
+        let cpu = cpu_seconds(pid) - cpu_before;
+        let n = measured.latencies.len() as f64;
+        Cell {
+            calls_per_second: measured.per_second(),
+            p50_ms: measured.quantile_ms(0.50),
+            p99_ms: measured.quantile_ms(0.99),
+            cpu_ms_per_call: if n > 0.0 { cpu * 1000.0 / n } else { f64::NAN },
+            errors: measured.errors,
         }
-        let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
-        latencies[i].as_secs_f64() * 1000.0
-    };
-    let n = latencies.len() as f64;
-    Cell {
-        calls_per_second: n / elapsed,
-        p50_ms: pick(0.50),
-        p99_ms: pick(0.99),
-        cpu_ms_per_call: if n > 0.0 { cpu * 1000.0 / n } else { f64::NAN },
-        errors: errors.load(Ordering::Relaxed),
-    }
+    })
+    .await
+    .expect("cell")
 }
 
 fn python_with_mcp() -> String {
@@ -271,7 +257,12 @@ impl Drop for Killed {
 
 /// This program again in `role`, with its address read from its first line.
 fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
-    let mut child = Command::new(std::env::current_exe().expect("exe"))
+    spawn_exe(&std::env::current_exe().expect("exe"), role, namespace)
+}
+
+/// A build of this bench (this one or `TOOLYARD_BENCH_BASELINE_EXE`) in `role`.
+fn spawn_exe(exe: &std::path::Path, role: &str, namespace: &str) -> (Killed, String) {
+    let mut child = Command::new(exe)
         .env(ROLE, role)
         .env(NAMESPACE, namespace)
         .env("RUST_LOG", "warn")
@@ -286,9 +277,12 @@ fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
 }
 
 async fn wait_ready(target: &Target) {
-    let http = reqwest::Client::new();
     for _ in 0..300 {
-        if one_request(&http, target, "tools/list", 0).await {
+        let endpoint = target.endpoint();
+        let ready = tokio::task::spawn_blocking(move || {
+            loadgen::Connection::new(endpoint).post(&body("tools/list", 0)).is_ok_and(|a| succeeded(&a))
+        });
+        if ready.await.expect("probe") {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -340,56 +334,109 @@ async fn run_benchmark() {
     };
     let _python_child = Killed(python);
 
-    wait_ready(&gateway).await;
-    wait_ready(&fastmcp).await;
-    wait_ready(&floor).await;
-    // Warm up both (caches, connection pools, Python imports).
-    for target in [&gateway, &fastmcp, &floor] {
+    let mut targets = vec![gateway, fastmcp, floor];
+    // Another build of this bench, serving as the gateway to compare against (A/B in one run).
+    let baseline_child = std::env::var_os("TOOLYARD_BENCH_BASELINE_EXE").map(|exe| {
+        let (child, addr) = spawn_exe(std::path::Path::new(&exe), "gateway", &ns);
+        targets.push(Target {
+            name: "baseline-gateway",
+            url: format!("http://{addr}/mcp"),
+            token: Some(env.token(User::Alice).to_owned()),
+            pid: child.0.id(),
+        });
+        child
+    });
+    for target in &targets {
+        wait_ready(target).await;
+    }
+    // Warm up every server (caches, connection pools, Python imports).
+    for target in &targets {
         for op in ["tools/list", "tools/call"] {
             run_cell(target, op, 4, 1.0).await;
         }
     }
 
+    let rounds: usize = std::env::var("TOOLYARD_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
     println!(
-        "# Gateway MCP benchmark ({seconds} s per cell, {} CPUs)",
+        "# Gateway MCP benchmark ({seconds} s per cell, {rounds} round(s), {} CPUs)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("gateway executor: answers at once (gateway-only figure: auth + RBAC cache + catalog + validation + MCP)");
     println!();
-    println!("| server | op | clients | calls/s | p50 ms | p99 ms | server CPU ms/call | errors |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| round | server | op | clients | calls/s | p50 ms | p99 ms | server CPU ms/call | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let ops: Vec<&'static str> = match std::env::var("TOOLYARD_BENCH_OPS") {
+        Ok(list) => ["tools/list", "tools/call"].into_iter().filter(|op| list.split(',').any(|o| o == *op)).collect(),
+        Err(_) => vec!["tools/list", "tools/call"],
+    };
+    let client_counts: Vec<usize> = match std::env::var("TOOLYARD_BENCH_CLIENTS") {
+        Ok(list) => list.split(',').map(|c| c.trim().parse().expect("TOOLYARD_BENCH_CLIENTS: numbers")).collect(),
+        Err(_) => vec![1, 8, 32],
+    };
     let mut rows = Vec::new();
-    for op in ["tools/list", "tools/call"] {
-        for clients in [1usize, 8, 32] {
-            for target in [&gateway, &fastmcp, &floor] {
-                let cell = run_cell(target, op, clients, seconds).await;
-                println!(
-                    "| {} | {op} | {clients} | {:.0} | {:.2} | {:.2} | {:.3} | {} |",
-                    target.name, cell.calls_per_second, cell.p50_ms, cell.p99_ms, cell.cpu_ms_per_call, cell.errors
-                );
-                rows.push((target.name, op, clients, cell));
+    for round in 1..=rounds {
+        for &op in &ops {
+            for &clients in &client_counts {
+                for target in &targets {
+                    let cell = run_cell(target, op, clients, seconds).await;
+                    println!(
+                        "| {round} | {} | {op} | {clients} | {:.0} | {:.2} | {:.2} | {:.3} | {} |",
+                        target.name, cell.calls_per_second, cell.p50_ms, cell.p99_ms, cell.cpu_ms_per_call, cell.errors
+                    );
+                    rows.push((round, target.name, op, clients, cell));
+                }
             }
         }
     }
     println!();
     println!(
-        "| op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) | \
-         floor: bare axum / python calls/s | gateway / bare axum calls/s |"
+        "Ratios within each round (the servers of a round ran one after the other, under the same \
+         load), median over the rounds:"
     );
-    println!("|---|---|---|---|---|---|");
-    for op in ["tools/list", "tools/call"] {
-        for clients in [1usize, 8, 32] {
-            let find = |name: &str| {
-                rows.iter().find(|r| r.0 == name && r.1 == op && r.2 == clients).map(|r| &r.3).expect("row")
+    println!();
+    let baseline_columns =
+        if baseline_child.is_some() { " gateway / baseline calls/s | baseline / gateway CPU per call |" } else { "" };
+    println!(
+        "| op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) | \
+         floor: bare axum / python calls/s | gateway / bare axum calls/s |{baseline_columns}"
+    );
+    println!("|---|---|---|---|---|---|{}", if baseline_child.is_some() { "---|---|" } else { "" });
+    for &op in &ops {
+        for &clients in &client_counts {
+            // The median over the rounds of a ratio of two servers' cells in the same round.
+            let ratio = |a: &str, b: &str, of: fn(&Cell) -> f64| {
+                let mut per_round: Vec<f64> = (1..=rounds)
+                    .map(|round| {
+                        let find = |name: &str| {
+                            rows.iter()
+                                .find(|r| r.0 == round && r.1 == name && r.2 == op && r.3 == clients)
+                                .map(|r| &r.4)
+                                .expect("row")
+                        };
+                        of(find(a)) / of(find(b))
+                    })
+                    .collect();
+                per_round.sort_by(f64::total_cmp);
+                per_round[per_round.len() / 2]
             };
-            let (g, p, f) = (find("toolyard-gateway"), find("python-sdk-fastmcp"), find("floor-bare-axum"));
-            println!(
+            let calls = |c: &Cell| c.calls_per_second;
+            let cpu = |c: &Cell| c.cpu_ms_per_call;
+            let (gateway, python, floor) = ("toolyard-gateway", "python-sdk-fastmcp", "floor-bare-axum");
+            print!(
                 "| {op} | {clients} | {:.1}x | {:.1}x | {:.1}x | {:.2} |",
-                g.calls_per_second / p.calls_per_second,
-                p.cpu_ms_per_call / g.cpu_ms_per_call,
-                f.calls_per_second / p.calls_per_second,
-                g.calls_per_second / f.calls_per_second
+                ratio(gateway, python, calls),
+                ratio(python, gateway, cpu),
+                ratio(floor, python, calls),
+                ratio(gateway, floor, calls),
             );
+            if baseline_child.is_some() {
+                print!(
+                    " {:.2} | {:.2} |",
+                    ratio(gateway, "baseline-gateway", calls),
+                    ratio("baseline-gateway", gateway, cpu)
+                );
+            }
+            println!();
         }
     }
     let own = cpu_seconds(std::process::id());
