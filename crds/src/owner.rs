@@ -27,8 +27,10 @@ impl OwnerKey {
         hasher.update(subject.as_bytes());
         let digest = hasher.finalize();
         let mut hex = String::with_capacity(OWNER_KEY_LEN);
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         for byte in &digest[..OWNER_KEY_LEN / 2] {
-            hex.push_str(&format!("{byte:02x}"));
+            hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
+            hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
         }
         Self(hex)
     }

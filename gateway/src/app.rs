@@ -73,6 +73,8 @@ where
     <L::Service as Service<Request>>::Error: Into<Infallible> + 'static,
     <L::Service as Service<Request>>::Future: Send + 'static,
 {
+    // The middleware gets the state behind one `Arc`: it is cloned for every request.
+    let shared = Arc::new(state.clone());
     let routes = Arc::new(McpRoutes {
         service: mcp::service(state.clone(), stream_cancel),
         max_body_bytes: state.settings.limits.max_body_bytes,
@@ -82,16 +84,16 @@ where
         .route(MCP_PATH, any(mcp_all))
         .route(TOOLSET_MCP_PATH, any(mcp_toolset))
         .with_state(routes)
-        .route_layer(middleware::from_fn_with_state(state.clone(), per_user_admission))
+        .route_layer(middleware::from_fn_with_state(shared.clone(), per_user_admission))
         .route_layer(auth)
-        .route_layer(middleware::from_fn_with_state(state.clone(), global_admission));
+        .route_layer(middleware::from_fn_with_state(shared.clone(), global_admission));
     let ops = if state.settings.metrics_on_public { ops_router(state.clone()) } else { health_router(state.clone()) };
     Router::new()
         .merge(mcp_router)
         .merge(ops)
         .merge(extra_public)
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state, record_request))
+        .layer(middleware::from_fn_with_state(shared, record_request))
         .layer(tower_http::trace::TraceLayer::new_for_http())
 }
 
@@ -193,7 +195,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
 
 /// Refuses new MCP requests while shutting down, bounds concurrent requests, and refuses a
 /// declared body above the cap before reading it.
-async fn global_admission(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn global_admission(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     if state.shutdown.is_cancelled() {
         state.metrics.admission_rejected(Rejection::ShuttingDown);
         let mut response = busy_response(&state, StatusCode::SERVICE_UNAVAILABLE, "server is shutting down");
@@ -217,7 +219,7 @@ async fn global_admission(State(state): State<AppState>, request: Request, next:
 }
 
 /// Bounds concurrent requests of one authenticated user (after authentication).
-async fn per_user_admission(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn per_user_admission(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let Some(identity) = request.extensions().get::<Identity>() else {
         return next.run(request).await;
     };
@@ -239,7 +241,7 @@ fn busy_response(state: &AppState, status: StatusCode, message: &str) -> Respons
 }
 
 /// Counts every request by route template, method and status.
-async fn record_request(State(state): State<AppState>, request: Request, next: Next) -> Response {
+async fn record_request(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map(|p| p.as_str().to_owned());
     let method = request.method().as_str().to_owned();
     let started = Instant::now();

@@ -74,25 +74,28 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
 /// Middleware: authenticate, insert [`Identity`], or answer 400/401/403/503. Install with
 /// `axum::middleware::from_fn_with_state(Arc<AuthState>, require_identity)`.
 pub async fn require_identity(State(state): State<Arc<AuthState>>, mut request: Request, next: Next) -> Response {
-    let path = request.extensions().get::<OriginalUri>().map_or_else(|| request.uri().path(), |u| u.0.path());
-    let challenge = Challenge::new(&state, request.headers(), &resource_path(path));
+    // Built only for a refusal: an accepted request needs no challenge.
+    let challenge = |request: &Request| {
+        let path = request.extensions().get::<OriginalUri>().map_or_else(|| request.uri().path(), |u| u.0.path());
+        Challenge::new(&state, request.headers(), &resource_path(path))
+    };
     let token = match bearer_token(request.headers()) {
         Ok(token) => token,
         Err(e) => {
             state.chain.metrics().failure(e.reason);
             tracing::info!(reason = e.reason, message = %e.message, "authentication refused");
-            return challenge.refuse(&e, true);
+            return challenge(&request).refuse(&e, true);
         }
     };
     let identity = match state.chain.authenticate(token).await {
         Ok(identity) => identity,
-        Err(e) => return challenge.refuse(&e, token.is_some()),
+        Err(e) => return challenge(&request).refuse(&e, token.is_some()),
     };
     let missing = state.missing_scopes(&identity);
     if !missing.is_empty() {
         state.chain.metrics().failure(reason::INSUFFICIENT_SCOPE);
         tracing::info!(user = %identity.user, missing = ?missing, "insufficient scope");
-        return challenge.insufficient_scope();
+        return challenge(&request).insufficient_scope();
     }
     request.headers_mut().remove(header::AUTHORIZATION);
     request.extensions_mut().insert(identity);

@@ -20,11 +20,17 @@
 //!   `Content-Type` is JSON (checked by the caller);
 //! - no `Origin` header, and the `Host` is one of the allowed hosts (compared as rmcp does).
 //!
-//! A call runs in a task of its own, as under rmcp: a client that goes away cancels it (the
-//! executor stops the run and the outcome is counted) rather than dropping it half-way.
+//! A call runs in the request's task. A client that goes away cancels it, as under rmcp: the
+//! rest of the call moves to a task of its own (see [`Detached`]), where the executor stops
+//! the run and the outcome is counted, rather than the call being dropped half-way.
+
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use futures::FutureExt;
 use http::header::{ACCEPT, CONTENT_TYPE, HOST, ORIGIN};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use rmcp::ErrorData;
@@ -51,7 +57,7 @@ pub(super) enum Direct {
 
 /// `Some` when the direct path serves this request (see the module docs); `None` sends it to
 /// rmcp. `allowed_hosts` is the setting rmcp enforces.
-pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &[String]) -> Option<Direct> {
+pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &AllowedHosts) -> Option<Direct> {
     let headers = &parts.headers;
     if !accepts_json_and_sse(headers)
         || !super::declares_json(headers)
@@ -106,41 +112,83 @@ impl Direct {
             }
             Direct::Call { id, params, meta } => {
                 let cancel = CancellationToken::new();
-                // Dropped with this future when the client goes away: cancels the call.
-                let gone = cancel.clone().drop_guard();
                 let request_id = serde_json::to_value(&id).unwrap_or(Value::Null);
                 let task_handler = handler.clone();
                 let task_cancel = cancel.clone();
-                let run = tokio::spawn(async move {
-                    let info = RequestInfo {
-                        parts: Some(&parts),
-                        request_id,
-                        cancel: task_cancel,
-                        meta_traceparent: meta.0.get_traceparent(),
-                    };
-                    let result = task_handler.call_registered(params, &info).await;
-                    task_handler.count("tools/call", result.is_ok());
-                    result
-                });
-                let joined = tokio::select! {
-                    joined = run => joined,
+                let run = Detached::new(
+                    AssertUnwindSafe(async move {
+                        let info = RequestInfo {
+                            parts: Some(&parts),
+                            request_id,
+                            cancel: task_cancel,
+                            meta_traceparent: meta.0.get_traceparent(),
+                        };
+                        let result = task_handler.call_registered(params, &info).await;
+                        task_handler.count("tools/call", result.is_ok());
+                        result
+                    })
+                    .catch_unwind(),
+                    cancel.clone(),
+                );
+                let result = tokio::select! {
+                    result = run => result,
                     () = stop.cancelled() => {
-                        cancel.cancel();
+                        // `run` is dropped here: the call is cancelled and finishes in a task
+                        // of its own.
                         return (StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down\n").into_response();
                     }
                 };
-                gone.disarm();
-                let result = match joined {
-                    Ok(result) => result.map(ServerResult::CallToolResult),
-                    Err(e) => {
-                        tracing::error!(error = %e, "tool call task failed");
-                        Err(ErrorData::internal_error("the call failed in the gateway", None))
-                    }
-                };
-                (id, result)
+                let result = result.unwrap_or_else(|_panic| {
+                    tracing::error!("a tool call panicked in the gateway");
+                    Err(ErrorData::internal_error("the call failed in the gateway", None))
+                });
+                (id, result.map(ServerResult::CallToolResult))
             }
         };
         respond(result, id)
+    }
+}
+
+/// A call run in the request's own task that outlives the request if the request goes away.
+///
+/// Polled to the end, it is the call itself: no task is spawned and no wake-up crosses
+/// threads. Dropped before the end (the client disconnected, or the server stopped waiting),
+/// it cancels `cancel` and moves the rest of the call into a task of its own, so the call
+/// still ends as a cancelled call does: the executor stops the run and the outcome is
+/// counted, instead of the call being cut off half-way.
+struct Detached<F: Future<Output: Send + 'static> + Send + 'static> {
+    call: Option<Pin<Box<F>>>,
+    cancel: CancellationToken,
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Detached<F> {
+    fn new(call: F, cancel: CancellationToken) -> Self {
+        Detached { call: Some(Box::pin(call)), cancel }
+    }
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Future for Detached<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(call) = self.call.as_mut() else { panic!("Detached polled after it completed") };
+        let output = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for Detached<F> {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else { return };
+        self.cancel.cancel();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(call);
+            }
+            // No runtime left (the process is exiting): nothing could run the rest.
+            Err(_) => tracing::warn!("a tool call was dropped while its runtime shut down"),
+        }
     }
 }
 
@@ -196,28 +244,33 @@ fn authority(value: &str) -> Option<(String, Option<u16>)> {
     Some((authority.host().trim_matches(['[', ']']).to_ascii_lowercase(), authority.port_u16()))
 }
 
+/// The allowed-hosts setting, parsed once: `host[:port]` entries compared as rmcp compares
+/// them. An entry that is no authority (such as a bare `::1`) is taken as a host name. An
+/// empty setting (`None` here) allows every host.
+pub(super) struct AllowedHosts(Option<Vec<(String, Option<u16>)>>);
+
+impl AllowedHosts {
+    pub(super) fn new(allowed: &[String]) -> Self {
+        let parse = |allowed: &String| {
+            let allowed = allowed.trim();
+            (!allowed.is_empty()).then(|| {
+                authority(allowed).unwrap_or_else(|| (allowed.trim_matches(['[', ']']).to_ascii_lowercase(), None))
+            })
+        };
+        AllowedHosts((!allowed.is_empty()).then(|| allowed.iter().filter_map(parse).collect()))
+    }
+}
+
 /// The request's `Host` (or HTTP/2 authority) is allowed: an allowed entry without a port
 /// matches any port. An empty list allows every host, as in rmcp.
-fn host_is_allowed(parts: &http::request::Parts, allowed_hosts: &[String]) -> bool {
+fn host_is_allowed(parts: &http::request::Parts, allowed_hosts: &AllowedHosts) -> bool {
     let host = match parts.headers.get(HOST) {
         Some(value) => value.to_str().ok().and_then(authority),
         None => parts.uri.authority().and_then(|a| authority(a.as_str())),
     };
     let Some((host, port)) = host else { return false };
-    if allowed_hosts.is_empty() {
-        return true;
-    }
-    // An allowed entry that is no authority (such as a bare `::1`) is taken as a host name.
-    let allowed_authority = |allowed: &String| {
-        let allowed = allowed.trim();
-        (!allowed.is_empty()).then(|| {
-            authority(allowed).unwrap_or_else(|| (allowed.trim_matches(['[', ']']).to_ascii_lowercase(), None))
-        })
-    };
-    allowed_hosts
-        .iter()
-        .filter_map(allowed_authority)
-        .any(|(allowed, allowed_port)| allowed == host && allowed_port.is_none_or(|p| port == Some(p)))
+    let Some(allowed_hosts) = &allowed_hosts.0 else { return true };
+    allowed_hosts.iter().any(|(allowed, allowed_port)| *allowed == host && allowed_port.is_none_or(|p| port == Some(p)))
 }
 
 #[cfg(test)]
@@ -227,6 +280,32 @@ mod tests {
     use super::*;
 
     const LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+
+    #[tokio::test]
+    async fn a_detached_call_dropped_half_way_is_cancelled_and_runs_to_its_end() {
+        let cancel = CancellationToken::new();
+        let (ended, end) = tokio::sync::oneshot::channel();
+        let seen = cancel.clone();
+        let mut run = Detached::new(
+            async move {
+                seen.cancelled().await;
+                ended.send("stopped after the cancellation").ok();
+            },
+            cancel.clone(),
+        );
+        assert!(futures::poll!(&mut run).is_pending(), "the call waits");
+        assert!(!cancel.is_cancelled());
+        drop(run);
+        assert!(cancel.is_cancelled(), "dropping the request cancels the call");
+        assert_eq!(end.await, Ok("stopped after the cancellation"), "the rest of the call ran in a task");
+    }
+
+    #[tokio::test]
+    async fn a_detached_call_polled_to_its_end_is_not_cancelled() {
+        let cancel = CancellationToken::new();
+        assert_eq!(Detached::new(async { 7 }, cancel.clone()).await, 7);
+        assert!(!cancel.is_cancelled());
+    }
 
     fn parts(headers: &[(&str, &str)], scope: Scope) -> http::request::Parts {
         let mut builder = http::Request::post("/mcp")
@@ -247,8 +326,8 @@ mod tests {
         parts
     }
 
-    fn hosts() -> Vec<String> {
-        crate::state::loopback_hosts()
+    fn hosts() -> AllowedHosts {
+        AllowedHosts::new(&crate::state::loopback_hosts())
     }
 
     fn call(name: &str) -> String {
@@ -268,7 +347,10 @@ mod tests {
         for host in ["localhost", "LOCALHOST:1", "[::1]:8080", "127.0.0.1"] {
             assert!(take(&parts(&[("host", host)], Scope::All), LIST.as_bytes(), &hosts()).is_some(), "{host}");
         }
-        assert!(take(&parts(&[("host", "gw.example:443")], Scope::All), LIST.as_bytes(), &[]).is_some(), "no list");
+        assert!(
+            take(&parts(&[("host", "gw.example:443")], Scope::All), LIST.as_bytes(), &AllowedHosts::new(&[])).is_some(),
+            "no list"
+        );
         // A built-in's name on a toolset endpoint is just a tool name there.
         let toolset = parts(&[], Scope::Toolset("pricing".into()));
         assert!(take(&toolset, call("run_coding_task").as_bytes(), &hosts()).is_some());
@@ -308,7 +390,7 @@ mod tests {
         ] {
             assert!(take(&parts(&headers, Scope::All), LIST.as_bytes(), &hosts()).is_none(), "{headers:?}");
         }
-        let pinned = vec!["127.0.0.1:9000".to_owned()];
+        let pinned = AllowedHosts::new(&["127.0.0.1:9000".to_owned()]);
         assert!(take(&plain, LIST.as_bytes(), &pinned).is_none(), "an allowed host with a port pins the port");
     }
 }

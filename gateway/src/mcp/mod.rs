@@ -73,7 +73,7 @@ pub struct McpService {
     rmcp: StreamableHttpService<McpHandler, NeverSessionManager>,
     handler: McpHandler,
     stop: CancellationToken,
-    allowed_hosts: Arc<[String]>,
+    allowed_hosts: Arc<direct::AllowedHosts>,
 }
 
 impl McpService {
@@ -128,6 +128,6 @@ pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
         ),
         handler,
         stop: cancel,
-        allowed_hosts: settings.allowed_hosts.clone().into(),
+        allowed_hosts: Arc::new(direct::AllowedHosts::new(&settings.allowed_hosts)),
     }
 }
