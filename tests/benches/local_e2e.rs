@@ -22,8 +22,12 @@
 //! Before measuring it compiles the bundled `toolyard` package and the example to bytecode, as
 //! `pip install` and the container image do (with `PYTHONDONTWRITEBYTECODE` set, as on some
 //! machines, each fresh process would otherwise compile them again).
-//! The load generator is this program: one task per client, each sending its next request
-//! when the previous answer is complete (stateless MCP `tools/call` over HTTP/1.1).
+//! The load generator is this program (`support/loadgen.rs`, as in the `gateway_mcp` bench):
+//! one thread per client with a blocking keep-alive HTTP/1.1 connection, each sending its next
+//! stateless MCP `tools/call` when the previous answer is complete.
+
+#[path = "support/loadgen.rs"]
+mod loadgen;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -79,27 +83,37 @@ fn summarize(mut latencies: Vec<Duration>, elapsed: f64, errors: u64) -> Cell {
     Cell { calls_per_second: latencies.len() as f64 / elapsed, p50_ms: pick(0.5), p99_ms: pick(0.99), errors }
 }
 
-async fn one_call(http: &reqwest::Client, target: &Target, id: u64) -> bool {
-    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
-        "params": {"name": target.tool, "arguments": arguments()}});
-    let mut request = http
-        .post(&target.url)
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(body.to_string());
-    if let Some(t) = &target.token {
-        request = request.bearer_auth(t);
+impl Target {
+    fn endpoint(&self) -> loadgen::Endpoint {
+        let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+        ];
+        if let Some(b) = &bearer {
+            headers.push(("authorization", b));
+        }
+        loadgen::Endpoint::new(&self.url, &headers)
     }
-    let Ok(response) = request.send().await else { return false };
-    if !response.status().is_success() {
+}
+
+fn call_body(tool: &str, id: u64) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments()}})
+        .to_string()
+        .into_bytes()
+}
+
+/// The answer carries the right price, from the structured result or from the text content
+/// (the SDK server's dict).
+fn priced(answer: &loadgen::Answer) -> bool {
+    if answer.status != 200 {
         return false;
     }
-    let Ok(text) = response.text().await else { return false };
-    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(&text);
+    let Ok(text) = std::str::from_utf8(&answer.body) else { return false };
+    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text);
     let Ok(answer) = serde_json::from_str::<Value>(json_text) else { return false };
     let result = &answer["result"];
-    // The price from the structured result, or from the text content (the SDK server's dict).
     let price = result["structuredContent"]["price"].as_f64().or_else(|| {
         let text = result["content"][0]["text"].as_str()?;
         serde_json::from_str::<Value>(text).ok()?["price"].as_f64()
@@ -108,34 +122,18 @@ async fn one_call(http: &reqwest::Client, target: &Target, id: u64) -> bool {
 }
 
 async fn run_cell(target: &Arc<Target>, clients: usize, seconds: f64) -> Cell {
-    let http = reqwest::Client::builder().pool_max_idle_per_host(64).build().expect("http client");
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let started = Instant::now();
-    let ids = Arc::new(std::sync::atomic::AtomicU64::new(1));
-    let workers: Vec<_> = (0..clients)
-        .map(|_| {
-            let (http, target, ids) = (http.clone(), Arc::clone(target), Arc::clone(&ids));
-            tokio::spawn(async move {
-                let (mut latencies, mut errors) = (Vec::new(), 0u64);
-                while Instant::now() < deadline {
-                    let t = Instant::now();
-                    if one_call(&http, &target, ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed)).await {
-                        latencies.push(t.elapsed());
-                    } else {
-                        errors += 1;
-                    }
-                }
-                (latencies, errors)
-            })
-        })
-        .collect();
-    let (mut latencies, mut errors) = (Vec::new(), 0);
-    for w in workers {
-        let (l, e) = w.await.expect("client task");
-        latencies.extend(l);
-        errors += e;
-    }
-    summarize(latencies, started.elapsed().as_secs_f64(), errors)
+    let (endpoint, tool) = (target.endpoint(), target.tool);
+    tokio::task::spawn_blocking(move || {
+        let measured = loadgen::run(&endpoint, clients, seconds, move |id| call_body(tool, id), priced);
+        Cell {
+            calls_per_second: measured.per_second(),
+            p50_ms: measured.quantile_ms(0.5),
+            p99_ms: measured.quantile_ms(0.99),
+            errors: measured.errors,
+        }
+    })
+    .await
+    .expect("cell")
 }
 
 /// The least a fresh process must do for this call: import the function, call it once,
@@ -268,9 +266,12 @@ fn start_sdk_server() -> (Killed, String) {
 }
 
 async fn wait_ready(target: &Target) {
-    let http = reqwest::Client::new();
     for _ in 0..600 {
-        if one_call(&http, target, 0).await {
+        let (endpoint, tool) = (target.endpoint(), target.tool);
+        let ready = tokio::task::spawn_blocking(move || {
+            loadgen::Connection::new(endpoint).post(&call_body(tool, 0)).is_ok_and(|a| priced(&a))
+        });
+        if ready.await.expect("probe") {
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
