@@ -254,7 +254,9 @@ fn build_tools(objects: &[Arc<McpTool>], compiled: &mut Compiled) -> Vec<Arc<Too
             ExecutionMode::Pool => obj.status.as_ref().and_then(|s| s.endpoint.clone()),
             ExecutionMode::Job => None,
         };
-        let tool = Tool { namespace, object_name: name, generation, spec: obj.spec.clone(), validator, endpoint };
+        let listing = crate::mcp::to_mcp_tool(&obj.spec);
+        let tool =
+            Tool { namespace, object_name: name, generation, spec: obj.spec.clone(), validator, listing, endpoint };
         by_name.insert(tool.spec.name.clone(), Arc::new(tool));
     }
     compiled.validators.retain(|k, _| live.contains(k));

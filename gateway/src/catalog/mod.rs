@@ -22,6 +22,9 @@ pub struct Tool {
     pub spec: McpToolSpec,
     /// Compiled `inputSchema` (never fetches remote `$ref`s).
     pub validator: Arc<jsonschema::Validator>,
+    /// The `tools/list` entry, built with the catalog snapshot: a listing clones its names and
+    /// the `Arc`s of its schemas instead of copying the schemas for every request.
+    pub listing: rmcp::model::Tool,
     /// Pool mode: base URL of the warm pool serving this tool (the McpTool's
     /// `status.endpoint`, or a local warm worker in embedded mode).
     pub endpoint: Option<String>,
@@ -31,7 +34,8 @@ impl Tool {
     /// Builds a tool, compiling its input schema. Errors name what is wrong with the schema.
     pub fn new(namespace: String, object_name: String, generation: i64, spec: McpToolSpec) -> Result<Self, String> {
         let validator = compile_schema(&Value::Object(spec.input_schema.clone()))?;
-        Ok(Self { namespace, object_name, generation, spec, validator: Arc::new(validator), endpoint: None })
+        let listing = crate::mcp::to_mcp_tool(&spec);
+        Ok(Self { namespace, object_name, generation, spec, validator: Arc::new(validator), listing, endpoint: None })
     }
 
     /// The same tool with a pool endpoint.

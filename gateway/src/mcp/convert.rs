@@ -6,12 +6,11 @@ use rmcp::model::{CallToolResult, ContentBlock, Tool as McpTool, ToolAnnotations
 use serde_json::Value;
 use toolyard_api::protocol::{CallResult, structured_content};
 
-use crate::catalog::Tool;
+use toolyard_api::mcptool::McpToolSpec;
 
 /// The MCP description of a tool: name, title, description, schemas and annotations as
 /// declared on the McpTool.
-pub fn to_mcp_tool(tool: &Tool) -> McpTool {
-    let spec = &tool.spec;
+pub fn to_mcp_tool(spec: &McpToolSpec) -> McpTool {
     let mut out = McpTool::new_with_raw(
         spec.name.clone(),
         Some(spec.description.clone().into()),
@@ -61,7 +60,7 @@ mod tests {
 
     use super::*;
 
-    fn tool() -> Tool {
+    fn tool() -> crate::catalog::Tool {
         let spec: toolyard_api::McpToolSpec = serde_json::from_value(json!({
             "name": "price_option",
             "title": "Price an option",
@@ -72,12 +71,12 @@ mod tests {
             "runtime": {"image": "img", "command": ["python"]}
         }))
         .unwrap();
-        Tool::new("ns".into(), "price-option".into(), 1, spec).unwrap()
+        crate::catalog::Tool::new("ns".into(), "price-option".into(), 1, spec).unwrap()
     }
 
     #[test]
     fn tool_fields_are_carried_over() {
-        let t = serde_json::to_value(to_mcp_tool(&tool())).unwrap();
+        let t = serde_json::to_value(&tool().listing).unwrap();
         assert_eq!(t["name"], "price_option");
         assert_eq!(t["title"], "Price an option");
         assert_eq!(t["description"], "Black-Scholes price");

@@ -248,7 +248,7 @@ impl McpHandler {
         let tools: Vec<McpTool> = page
             .iter()
             .map(|e| match e {
-                Entry::Catalog(t) => convert::to_mcp_tool(t),
+                Entry::Catalog(t) => t.listing.clone(),
                 Entry::Builtin(b) => b.definition(),
             })
             .collect();
