@@ -73,9 +73,15 @@ fn main() {
     runtime.block_on(run_benchmark());
 }
 
-/// The gateway under test, in its own process so its CPU can be measured alone.
+/// The gateway under test, in its own process so its CPU can be measured alone. Its runtime
+/// has one worker per CPU, as `toolyard-gateway serve` has; `TOOLYARD_BENCH_GATEWAY_WORKERS`
+/// sets another count, to see what the cross-worker wake-ups cost.
 fn run_gateway_process() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = std::env::var("TOOLYARD_BENCH_GATEWAY_WORKERS").ok().and_then(|n| n.parse().ok()) {
+        builder.worker_threads(n);
+    }
+    let runtime = builder.enable_all().build().expect("runtime");
     runtime.block_on(async {
         let env = TestEnv::get();
         let ns = std::env::var(NAMESPACE).expect("namespace");
