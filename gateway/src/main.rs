@@ -18,6 +18,11 @@ enum Command {
     Local(Box<toolyard_gateway::local::LocalArgs>),
 }
 
+/// mimalloc rather than the C library's allocator: the request path allocates and frees many
+/// small objects, and glibc's malloc took about 8% of the gateway's CPU samples.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {

@@ -50,6 +50,10 @@ use toolyard_gateway::state::{AppState, Settings};
 use toolyard_gateway::store::fs::FsStore;
 use toolyard_tests::{TestEnv, User, repo_path, wait_until};
 
+/// The allocator `toolyard-gateway` runs with (see its `main.rs`), for the gateway role.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const ROLE: &str = "TOOLYARD_BENCH_ROLE";
 const NAMESPACE: &str = "TOOLYARD_BENCH_NAMESPACE";
 
