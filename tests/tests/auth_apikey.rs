@@ -111,7 +111,7 @@ async fn a_changed_key_file_is_picked_up_by_the_reload_task() {
     let stop = CancellationToken::new();
     auth.spawn_reload(Duration::from_millis(100), stop.clone());
 
-    std::fs::write(&path, key_doc(&[("alice", &[], &new_hash)])).expect("write");
+    replace_file(&path, &key_doc(&[("alice", &[], &new_hash)]));
     wait_until(Duration::from_secs(10), "the new key to be accepted", || {
         let (auth, new_key) = (auth.clone(), new_key.clone());
         async move { Ok(auth.authenticate(&new_key).await.is_ok()) }
@@ -121,10 +121,19 @@ async fn a_changed_key_file_is_picked_up_by_the_reload_task() {
     assert_eq!(auth.authenticate(&old_key).await.expect_err("revoked").reason, reason::INVALID);
 
     // A broken file keeps the keys in force.
-    std::fs::write(&path, "keys: [this is not right\n").expect("write");
+    replace_file(&path, "keys: [this is not right\n");
     assert!(auth.reload().await.is_err());
     assert!(auth.authenticate(&new_key).await.expect("still accepted").is_some());
     stop.cancel();
+}
+
+/// Replaces a file's content in one step (write a sibling, rename it over), as editors and
+/// Kubernetes volume updates do. `std::fs::write` truncates first: the reload task could read
+/// the empty file in between, which is a valid key file with no keys.
+fn replace_file(path: &std::path::Path, text: &str) {
+    let next = path.with_extension("next");
+    std::fs::write(&next, text).expect("write");
+    std::fs::rename(&next, path).expect("rename");
 }
 
 #[tokio::test]
