@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use gateway_support::{create_tool, grant_call, grant_platform};
-use serde_json::{Value, json};
+use serde_json::json;
 use toolyard_api::protocol::CallResult;
 use toolyard_gateway::app::app_with;
 use toolyard_gateway::auth::config::AuthContext;
@@ -176,16 +176,7 @@ struct Target {
 
 impl Target {
     fn endpoint(&self) -> loadgen::Endpoint {
-        let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
-        let mut headers = vec![
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("mcp-protocol-version", "2025-11-25"),
-        ];
-        if let Some(b) = &bearer {
-            headers.push(("authorization", b));
-        }
-        loadgen::Endpoint::new(&self.url, &headers)
+        loadgen::Endpoint::mcp(&self.url, self.token.as_deref())
     }
 }
 
@@ -207,15 +198,9 @@ fn body(op: &str, id: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-/// A successful JSON-RPC result that is not a tool error, as JSON or as one SSE event.
+/// A successful JSON-RPC result that is not a tool error.
 fn succeeded(answer: &loadgen::Answer) -> bool {
-    if answer.status != 200 {
-        return false;
-    }
-    let Ok(text) = std::str::from_utf8(&answer.body) else { return false };
-    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text);
-    serde_json::from_str::<Value>(json_text)
-        .is_ok_and(|v| v.get("result").is_some_and(|r| r.get("isError") != Some(&json!(true))))
+    answer.json().is_some_and(|v| v.get("result").is_some_and(|r| r.get("isError") != Some(&json!(true))))
 }
 
 async fn run_cell(target: &Target, op: &'static str, clients: usize, seconds: f64) -> Cell {

@@ -85,16 +85,7 @@ fn summarize(mut latencies: Vec<Duration>, elapsed: f64, errors: u64) -> Cell {
 
 impl Target {
     fn endpoint(&self) -> loadgen::Endpoint {
-        let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
-        let mut headers = vec![
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("mcp-protocol-version", "2025-11-25"),
-        ];
-        if let Some(b) = &bearer {
-            headers.push(("authorization", b));
-        }
-        loadgen::Endpoint::new(&self.url, &headers)
+        loadgen::Endpoint::mcp(&self.url, self.token.as_deref())
     }
 }
 
@@ -107,12 +98,7 @@ fn call_body(tool: &str, id: u64) -> Vec<u8> {
 /// The answer carries the right price, from the structured result or from the text content
 /// (the SDK server's dict).
 fn priced(answer: &loadgen::Answer) -> bool {
-    if answer.status != 200 {
-        return false;
-    }
-    let Ok(text) = std::str::from_utf8(&answer.body) else { return false };
-    let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text);
-    let Ok(answer) = serde_json::from_str::<Value>(json_text) else { return false };
+    let Some(answer) = answer.json() else { return false };
     let result = &answer["result"];
     let price = result["structuredContent"]["price"].as_f64().or_else(|| {
         let text = result["content"][0]["text"].as_str()?;

@@ -26,11 +26,18 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// An endpoint from an `http://host:port/path` URL and extra headers as name/value pairs.
-    pub fn new(url: &str, headers: &[(&str, &str)]) -> Self {
+    /// An MCP endpoint at an `http://host:port/path` URL: stateless JSON-RPC over POST with
+    /// the 2025-11-25 revision header and, when given, a bearer token.
+    pub fn mcp(url: &str, token: Option<&str>) -> Self {
         let rest = url.strip_prefix("http://").expect("the load generator speaks plain http");
         let (addr, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let headers = headers.iter().map(|(n, v)| format!("{n}: {v}\r\n")).collect();
+        let mut headers = String::from(
+            "content-type: application/json\r\naccept: application/json, text/event-stream\r\n\
+             mcp-protocol-version: 2025-11-25\r\n",
+        );
+        if let Some(t) = token {
+            headers.push_str(&format!("authorization: Bearer {t}\r\n"));
+        }
         Endpoint { addr: addr.to_owned(), path: if path.is_empty() { "/".into() } else { path.into() }, headers }
     }
 }
@@ -47,6 +54,18 @@ pub struct Connection {
 pub struct Answer {
     pub status: u16,
     pub body: Vec<u8>,
+}
+
+impl Answer {
+    /// The JSON-RPC message of a 200 answer, sent as JSON or as one SSE event.
+    pub fn json(&self) -> Option<serde_json::Value> {
+        if self.status != 200 {
+            return None;
+        }
+        let text = std::str::from_utf8(&self.body).ok()?;
+        let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text);
+        serde_json::from_str(json_text).ok()
+    }
 }
 
 impl Connection {
