@@ -22,8 +22,8 @@ use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{Route, any, get};
-use bytes::BytesMut;
-use futures::StreamExt;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service};
@@ -136,24 +136,66 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
     }
     let (parts, body) = request.into_parts();
     let json_body = mcp::declares_json(&parts.headers);
-    let mut stream = body.into_data_stream();
-    let mut bytes = BytesMut::new();
-    while let Some(chunk) = stream.next().await {
-        let Ok(chunk) = chunk else {
+    let bytes = match read_body(body, routes.max_body_bytes).await {
+        Ok(bytes) => bytes,
+        Err(BodyError::Unreadable) => {
             return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
-        };
-        if bytes.len() + chunk.len() > routes.max_body_bytes {
+        }
+        Err(BodyError::TooLarge) => {
             routes.metrics.admission_rejected(Rejection::BodyTooLarge);
             return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response();
         }
-        bytes.extend_from_slice(&chunk);
-    }
-    let bytes = bytes.freeze();
+    };
     let response = routes.service.post(parts, bytes.clone()).await;
     if json_body && response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
         return undecodable_message(&bytes);
     }
     response
+}
+
+/// Why a request body could not be read.
+#[derive(Debug, PartialEq, Eq)]
+enum BodyError {
+    /// The connection failed or the body was malformed.
+    Unreadable,
+    /// More than the cap.
+    TooLarge,
+}
+
+/// Reads a request body of at most `max` bytes. A body that arrives in one piece (most
+/// requests) is kept as it came, without a copy.
+///
+/// It stops as soon as the body is complete by its own length (`is_end_stream`) instead of
+/// polling once more for the end of the stream. With hyper's HTTP/1 body channel that last
+/// poll is never ready at once: the request waits for the connection task to run again, a
+/// scheduler round trip (and a wake-up of another worker thread) before every answer.
+async fn read_body<B>(mut body: B, max: usize) -> Result<Bytes, BodyError>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    let mut single = Bytes::new();
+    let mut joined: Option<BytesMut> = None;
+    while !body.is_end_stream() {
+        let Some(frame) = body.frame().await else { break };
+        let Ok(chunk) = frame.map_err(|_| BodyError::Unreadable)?.into_data() else {
+            continue; // trailers
+        };
+        let total = joined.as_ref().map_or(single.len(), BytesMut::len) + chunk.len();
+        if total > max {
+            return Err(BodyError::TooLarge);
+        }
+        match &mut joined {
+            Some(joined) => joined.extend_from_slice(&chunk),
+            None if single.is_empty() => single = chunk,
+            None => {
+                let mut both = BytesMut::with_capacity(total);
+                both.extend_from_slice(&single);
+                both.extend_from_slice(&chunk);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or(single, BytesMut::freeze))
 }
 
 /// The JSON-RPC error for a body that is not a JSON-RPC message.
@@ -280,6 +322,51 @@ mod tests {
         let body = axum::body::to_bytes(invalid.into_body(), 10_000).await.unwrap();
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!((v["error"]["code"].clone(), v["id"].clone()), (json!(-32600), json!(7)));
+    }
+
+    /// A body of one chunk that declares its end, as hyper's body of a request with a
+    /// `Content-Length` does; it fails the test if it is polled past that end.
+    struct DeclaredLength(Option<Bytes>);
+
+    impl http_body::Body for DeclaredLength {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Infallible>>> {
+            let chunk = self.0.take().expect("the body was polled past its declared end");
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.0.is_none()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_is_read_up_to_its_declared_end_and_not_polled_after_it() {
+        let chunk = Bytes::from_static(b"{\"jsonrpc\":\"2.0\"}");
+        let read = read_body(DeclaredLength(Some(chunk.clone())), 1024).await.unwrap();
+        assert_eq!(read, chunk);
+        assert_eq!(read.as_ptr(), chunk.as_ptr(), "a body in one piece is not copied");
+    }
+
+    #[tokio::test]
+    async fn a_body_in_pieces_is_joined_and_capped() {
+        let pieces = || {
+            let chunks: Vec<Result<Bytes, std::io::Error>> =
+                vec![Ok(Bytes::from_static(b"ab")), Ok(Bytes::from_static(b"cd")), Ok(Bytes::from_static(b"e"))];
+            axum::body::Body::from_stream(futures::stream::iter(chunks))
+        };
+        assert_eq!(read_body(pieces(), 5).await.unwrap(), Bytes::from_static(b"abcde"));
+        assert_eq!(read_body(pieces(), 4).await.unwrap_err(), BodyError::TooLarge);
+        assert_eq!(read_body(axum::body::Body::empty(), 4).await.unwrap(), Bytes::new());
+        let broken: Vec<Result<Bytes, std::io::Error>> =
+            vec![Ok(Bytes::from_static(b"ab")), Err(std::io::Error::other("connection reset"))];
+        let broken = axum::body::Body::from_stream(futures::stream::iter(broken));
+        assert_eq!(read_body(broken, 100).await.unwrap_err(), BodyError::Unreadable);
     }
 
     #[test]

@@ -567,8 +567,8 @@ pub fn new_call_id(tool_name: &str) -> RunId {
         tool_name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     prefix.truncate(40);
     let prefix = prefix.trim_matches('-');
-    let random = uuid::Uuid::new_v4().simple().to_string();
-    let id = if prefix.is_empty() { format!("call-{}", &random[..12]) } else { format!("{prefix}-{}", &random[..12]) };
+    let random = random_hex12();
+    let id = if prefix.is_empty() { format!("call-{random}") } else { format!("{prefix}-{random}") };
     // Collapse runs of '-' that came from several odd characters in a row.
     let mut clean = String::with_capacity(id.len());
     for c in id.chars() {
@@ -577,6 +577,12 @@ pub fn new_call_id(tool_name: &str) -> RunId {
         }
     }
     RunId::parse(&clean).expect("built from [a-z0-9-] without leading or trailing '-'")
+}
+
+/// 12 random lowercase hex characters (48 bits) from the thread's CSPRNG, which is seeded
+/// from the OS: no system call per id, unlike a fresh OS read for a UUID.
+pub(crate) fn random_hex12() -> String {
+    format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
 }
 
 /// Checks the W3C `traceparent` shape: `vv-<32 hex>-<16 hex>-ff`.

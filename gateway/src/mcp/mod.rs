@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use convert::{call_result_to_mcp, to_mcp_tool};
 pub use cursor::{decode_cursor, encode_cursor};
+pub(crate) use handler::random_hex12;
 pub use handler::{McpHandler, SUPPORTED_PROTOCOL_VERSIONS, new_call_id};
 
 use crate::identity::Identity;

@@ -154,8 +154,7 @@ pub const RECHECK: Duration = Duration::from_secs(1);
 
 /// A new task id: `task-` and 12 random lowercase hex characters.
 pub fn new_task_id() -> RunId {
-    let random = uuid::Uuid::new_v4().simple().to_string();
-    RunId::parse(&format!("task-{}", &random[..12])).expect("task- and hex digits make a valid id")
+    RunId::parse(&format!("task-{}", crate::mcp::random_hex12())).expect("task- and hex digits make a valid id")
 }
 
 /// Unix milliseconds now.
