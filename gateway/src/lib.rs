@@ -17,6 +17,7 @@ pub mod app;
 pub mod auth;
 pub mod authz;
 pub mod catalog;
+pub mod coarse_timer;
 pub mod error;
 pub mod executor;
 pub mod identity;

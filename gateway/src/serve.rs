@@ -180,6 +180,10 @@ pub struct LimitArgs {
     /// Largest header block in bytes.
     #[arg(long, env = "TOOLYARD_MAX_HEADER_BYTES", default_value_t = 64 * 1024)]
     pub max_header_bytes: usize,
+    /// Seconds a client has to send a request's headers, counted on a keep-alive connection
+    /// from the previous answer (so also the idle limit); the connection is closed after it.
+    #[arg(long, env = "TOOLYARD_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_seconds: u64,
     /// `Retry-After` of busy answers, in seconds.
     #[arg(long, env = "TOOLYARD_RETRY_AFTER_SECONDS", default_value_t = 1)]
     pub retry_after_seconds: u64,
@@ -356,7 +360,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
         max_headers: args.limits.max_headers,
         max_header_bytes: args.limits.max_header_bytes,
-        ..ServerSettings::default()
+        header_read_timeout: Duration::from_secs(args.limits.header_read_timeout_seconds),
     };
     let result = crate::server::serve(listeners, &server, tokens).await;
     flushed.flush().await;

@@ -21,6 +21,8 @@ use axum_server::{Control, Handle};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::coarse_timer::CoarseTimer;
+
 /// HTTP server settings.
 #[derive(Clone, Debug)]
 pub struct ServerSettings {
@@ -30,7 +32,9 @@ pub struct ServerSettings {
     pub max_headers: usize,
     /// Largest header block in bytes (HTTP/1 read buffer, HTTP/2 header list).
     pub max_header_bytes: usize,
-    /// Time a client has to send its request headers.
+    /// Time a client has to send its request headers, counted on a keep-alive connection from
+    /// the previous answer (so it is also the idle limit). Enforced on a one-second clock
+    /// ([`CoarseTimer`]): the connection closes up to a second after it.
     pub header_read_timeout: Duration,
 }
 
@@ -100,6 +104,7 @@ fn configure<A: axum_server::Address, Acc>(server: &mut axum_server::Server<A, A
     let builder = server.http_builder();
     builder
         .http1()
+        .timer(CoarseTimer::start())
         .max_headers(settings.max_headers)
         .max_buf_size(settings.max_header_bytes.max(8192))
         .header_read_timeout(settings.header_read_timeout);
@@ -203,5 +208,56 @@ async fn termination_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// What the server sent until it closed the connection.
+    async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn slow_and_idle_clients_are_cut_off_after_the_header_read_timeout() {
+        let socket = bind("public", "127.0.0.1:0").unwrap();
+        let addr = socket.local_addr().unwrap();
+        let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
+        let listeners = vec![Listener { name: "public", socket, router, tls: None, drain: Drain::First }];
+        let settings = ServerSettings { header_read_timeout: Duration::from_secs(1), ..ServerSettings::default() };
+        let tokens = ShutdownTokens::default();
+        let server = tokio::spawn({
+            let tokens = tokens.clone();
+            async move { serve(listeners, &settings, tokens).await }
+        });
+
+        // One client starts a request and never ends its headers; another sends one request and
+        // then stays idle on the keep-alive connection.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: 1\r\n").await.unwrap();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
+
+        // Bounds for a hang, not a speed check: the timeout is 1 s on a 1 s clock.
+        let bound = Duration::from_secs(30);
+        let slow_got = tokio::time::timeout(bound, read_until_closed(&mut slow)).await.expect("slow client cut off");
+        let idle_got = tokio::time::timeout(bound, read_until_closed(&mut idle)).await.expect("idle client cut off");
+        let idle_got = String::from_utf8_lossy(&idle_got);
+        assert!(idle_got.starts_with("HTTP/1.1 200") && idle_got.ends_with("ok"), "{idle_got}");
+        assert!(!String::from_utf8_lossy(&slow_got).contains(" 200 "), "the incomplete request was not served");
+
+        tokens.trigger.cancel();
+        server.await.unwrap().unwrap();
     }
 }
