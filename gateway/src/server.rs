@@ -100,11 +100,15 @@ pub fn bind(name: &str, addr: &str) -> anyhow::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-fn configure<A: axum_server::Address, Acc>(server: &mut axum_server::Server<A, Acc>, settings: &ServerSettings) {
+fn configure<A: axum_server::Address, Acc>(
+    server: &mut axum_server::Server<A, Acc>,
+    settings: &ServerSettings,
+    timer: &CoarseTimer,
+) {
     let builder = server.http_builder();
     builder
         .http1()
-        .timer(CoarseTimer::start())
+        .timer(timer.clone())
         .max_headers(settings.max_headers)
         .max_buf_size(settings.max_header_bytes.max(8192))
         .header_read_timeout(settings.header_read_timeout);
@@ -118,6 +122,7 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
     let last = Control::new();
     let mut first_tasks = JoinSet::new();
     let mut last_tasks = JoinSet::new();
+    let timer = CoarseTimer::start();
     for l in listeners {
         let addr = l.socket.local_addr().context("listener address")?;
         let (control, tasks) = match l.drain {
@@ -131,13 +136,13 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
         match l.tls {
             None => {
                 let mut server = axum_server::from_tcp(l.socket)?;
-                configure(&mut server, settings);
+                configure(&mut server, settings, &timer);
                 let server = server.handle(handle);
                 tasks.spawn(async move { (name, server.serve(service).await) });
             }
             Some(tls) => {
                 let mut server = axum_server::from_tcp_rustls(l.socket, tls)?;
-                configure(&mut server, settings);
+                configure(&mut server, settings, &timer);
                 let server = server.handle(handle);
                 tasks.spawn(async move { (name, server.serve(service).await) });
             }
