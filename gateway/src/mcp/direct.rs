@@ -13,7 +13,9 @@
 //! in one place:
 //!
 //! - the body is one JSON-RPC request of `tools/list` or `tools/call` (not a built-in tool,
-//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version;
+//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version,
+//!   read as that one request type rather than through rmcp's untagged enums
+//!   ([`parse_request`]);
 //! - `MCP-Protocol-Version` is absent or a known revision older than 2026-07-28 (newer ones
 //!   negotiate per request and carry the standard `Mcp-*` headers);
 //! - `Accept` names both `application/json` and `text/event-stream` with no parameters, and
@@ -35,9 +37,10 @@ use http::header::{ACCEPT, CONTENT_TYPE, HOST, ORIGIN};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use rmcp::ErrorData;
 use rmcp::model::{
-    CallToolRequestParams, ClientJsonRpcMessage, ClientRequest, GetMeta, PaginatedRequestParams, ProtocolVersion,
-    RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
+    CallToolRequest, CallToolRequestParams, ClientRequest, GetMeta, JsonRpcRequest, ListToolsRequest,
+    PaginatedRequestParams, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
 };
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -67,9 +70,7 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
     {
         return None;
     }
-    let ClientJsonRpcMessage::Request(request) = serde_json::from_slice::<ClientJsonRpcMessage>(body).ok()? else {
-        return None;
-    };
+    let request = parse_request(body)?;
     let meta = request.request.get_meta().clone();
     if meta.protocol_version().is_some() {
         return None;
@@ -86,6 +87,85 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
             Some(Direct::Call { id, params: call.params, meta })
         }
         _ => None,
+    }
+}
+
+/// The body as the `tools/list` or `tools/call` request rmcp reads from it, or `None` for
+/// anything else (rmcp then reads it and answers).
+///
+/// rmcp reads every message as `ClientJsonRpcMessage`: an untagged enum buffered through
+/// serde's `Content`, whose request variant holds `ClientRequest`, an untagged enum of some
+/// twenty request types tried in order, each failing attempt building an error. Here the
+/// top-level keys are read first and classified as rmcp classifies them (a request has
+/// `method` and `id` and neither `result` nor `error`), then the body is read as the one
+/// request type its method names, the type rmcp's own reading ends at: every `ClientRequest`
+/// type before it accepts only its own method. A key given twice, a key or method written
+/// with escapes, or a body the typed read refuses goes to rmcp unchanged.
+fn parse_request(body: &[u8]) -> Option<JsonRpcRequest<ClientRequest>> {
+    let keys = serde_json::from_slice::<TopLevelKeys>(body).ok()?;
+    if !(keys.id && !keys.result && !keys.error) {
+        return None;
+    }
+    let (id, request) = match keys.method? {
+        "tools/list" => {
+            let list = serde_json::from_slice::<JsonRpcRequest<ListToolsRequest>>(body).ok()?;
+            (list.id, ClientRequest::from(list.request))
+        }
+        "tools/call" => {
+            let call = serde_json::from_slice::<JsonRpcRequest<CallToolRequest>>(body).ok()?;
+            (call.id, ClientRequest::from(call.request))
+        }
+        _ => return None,
+    };
+    Some(JsonRpcRequest::new(id, request))
+}
+
+/// The top-level keys that decide a JSON-RPC message's shape, and the method.
+#[derive(Default)]
+struct TopLevelKeys<'a> {
+    method: Option<&'a str>,
+    id: bool,
+    result: bool,
+    error: bool,
+}
+
+impl<'de> Deserialize<'de> for TopLevelKeys<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Keys;
+
+        impl<'de> Visitor<'de> for Keys {
+            type Value = TopLevelKeys<'de>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON-RPC message")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevelKeys<'de>, A::Error> {
+                let mut keys = TopLevelKeys::default();
+                let mut method_seen = false;
+                while let Some(key) = map.next_key::<&'de str>()? {
+                    let seen = match key {
+                        "method" => {
+                            keys.method = Some(map.next_value::<&'de str>()?);
+                            std::mem::replace(&mut method_seen, true)
+                        }
+                        "id" => std::mem::replace(&mut keys.id, true),
+                        "result" => std::mem::replace(&mut keys.result, true),
+                        "error" => std::mem::replace(&mut keys.error, true),
+                        _ => false,
+                    };
+                    if seen {
+                        return Err(serde::de::Error::custom("a key given twice"));
+                    }
+                    if key != "method" {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(keys)
+            }
+        }
+
+        deserializer.deserialize_map(Keys)
     }
 }
 
@@ -392,5 +472,57 @@ mod tests {
         }
         let pinned = AllowedHosts::new(&["127.0.0.1:9000".to_owned()]);
         assert!(take(&plain, LIST.as_bytes(), &pinned).is_none(), "an allowed host with a port pins the port");
+    }
+
+    /// rmcp's own reading of a body, for comparison.
+    fn rmcp_reads(body: &str) -> Option<JsonRpcRequest<ClientRequest>> {
+        match serde_json::from_str::<rmcp::model::ClientJsonRpcMessage>(body) {
+            Ok(rmcp::model::ClientJsonRpcMessage::Request(request)) => Some(request),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_typed_read_takes_what_rmcp_reads_as_list_or_call_and_reads_it_the_same() {
+        let taken = [
+            LIST,
+            r#"{"jsonrpc":"2.0","id":"x","method":"tools/list","params":{"cursor":"abc"}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/list","params":{"_meta":{"progressToken":"p"}}}"#,
+            r#"{"method":"tools/list","extra":[1,{"id":2,"result":3}],"id":4,"jsonrpc":"2.0"}"#,
+            r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"t","arguments":{"x":[1.5,"\u00e9"]}}}"#,
+            r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"t","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}"#,
+        ];
+        for body in taken {
+            let ours = parse_request(body.as_bytes()).unwrap_or_else(|| panic!("not taken: {body}"));
+            let theirs = rmcp_reads(body).unwrap_or_else(|| panic!("rmcp does not read it: {body}"));
+            assert_eq!(ours.id, theirs.id, "{body}");
+            assert_eq!(ours.request.method(), theirs.request.method(), "{body}");
+            assert_eq!(ours.request.get_meta(), theirs.request.get_meta(), "{body}");
+            assert_eq!(serde_json::to_value(&ours).unwrap(), serde_json::to_value(&theirs).unwrap(), "{body}");
+        }
+    }
+
+    #[test]
+    fn the_typed_read_leaves_every_other_shape_to_rmcp() {
+        // Where rmcp reads one of these as a list or a call (escaped keys, say), it answers.
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","error":null}"#,
+            r#"{"jsonrpc":"2.0","method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","id":2}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"\u006dethod":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools\/list"}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"tools/list"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"oops"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":7}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#,
+        ] {
+            assert!(parse_request(body.as_bytes()).is_none(), "{body}");
+        }
     }
 }
