@@ -56,11 +56,7 @@ fn is_valid_value(s: &str) -> bool {
 
 /// The first `n` hex characters of SHA-256 of `s`.
 pub fn short_hash(s: &str, n: usize) -> String {
-    let digest = Sha256::digest(s.as_bytes());
-    let mut hex = String::with_capacity(64);
-    for b in digest.iter() {
-        hex.push_str(&format!("{b:02x}"));
-    }
+    let mut hex = hex::encode(Sha256::digest(s.as_bytes()));
     hex.truncate(n);
     hex
 }

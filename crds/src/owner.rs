@@ -25,14 +25,7 @@ impl OwnerKey {
         hasher.update(issuer.as_bytes());
         hasher.update([0u8]);
         hasher.update(subject.as_bytes());
-        let digest = hasher.finalize();
-        let mut hex = String::with_capacity(OWNER_KEY_LEN);
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        for byte in &digest[..OWNER_KEY_LEN / 2] {
-            hex.push(char::from(DIGITS[usize::from(byte >> 4)]));
-            hex.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
-        }
-        Self(hex)
+        Self(hex::encode(&hasher.finalize()[..OWNER_KEY_LEN / 2]))
     }
 
     /// The key as a string.

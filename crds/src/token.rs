@@ -78,19 +78,12 @@ impl SigningKey {
     /// the `TOOLYARD_POOL_KEY` variable), since raw HMAC bytes may end in a newline that
     /// [`SigningKey::new`] would strip. The result is secret: never log it.
     pub fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(&self.0)
     }
 
     /// Parses a key written by [`SigningKey::to_hex`] (surrounding whitespace ignored).
     pub fn from_hex(text: &str) -> Result<Self, TokenError> {
-        let text = text.trim();
-        if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(TokenError::NotHex);
-        }
-        let bytes: Vec<u8> = (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&text[i..i + 2], 16).map_err(|_| TokenError::NotHex))
-            .collect::<Result<_, _>>()?;
+        let bytes = hex::decode(text.trim()).map_err(|_| TokenError::NotHex)?;
         if bytes.len() < MIN_KEY_LEN {
             return Err(TokenError::WeakKey(bytes.len()));
         }

@@ -183,21 +183,8 @@ fn parse_hex32(s: &str) -> Result<[u8; 32], String> {
         return Err(format!("must be 64 hex characters (a SHA-256), got {}", bytes.len()));
     }
     let mut out = [0u8; 32];
-    for (i, pair) in bytes.chunks_exact(2).enumerate() {
-        let hi = hex_val(pair[0]).ok_or("must contain only hex characters")?;
-        let lo = hex_val(pair[1]).ok_or("must contain only hex characters")?;
-        out[i] = (hi << 4) | lo;
-    }
+    hex::decode_to_slice(bytes, &mut out).map_err(|_| "must contain only hex characters")?;
     Ok(out)
-}
-
-fn hex_val(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
 }
 
 /// Where keys come from.

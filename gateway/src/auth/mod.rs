@@ -111,13 +111,5 @@ pub trait Authenticator: Send + Sync + 'static {
 /// Lowercase hex SHA-256 of `data` (API key hashes, cache keys for tokens).
 pub fn sha256_hex(data: &[u8]) -> String {
     use sha2::Digest;
-    let digest = sha2::Sha256::digest(data);
-    let mut out = String::with_capacity(64);
-    for b in digest.iter() {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
+    hex::encode(sha2::Sha256::digest(data))
 }
-
-const HEX: &[u8; 16] = b"0123456789abcdef";

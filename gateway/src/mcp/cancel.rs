@@ -34,7 +34,7 @@ pub fn cancel_key(owner: &OwnerKey, request_id: &Value) -> String {
     hasher.update(owner.as_str().as_bytes());
     hasher.update([0u8]);
     hasher.update(serde_json::to_string(request_id).unwrap_or_default().as_bytes());
-    hasher.finalize()[..16].iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&hasher.finalize()[..16])
 }
 
 /// Calls waited on by this process, by cancel key.

@@ -582,7 +582,7 @@ pub fn new_call_id(tool_name: &str) -> RunId {
 /// 12 random lowercase hex characters (48 bits) from the thread's CSPRNG, which is seeded
 /// from the OS: no system call per id, unlike a fresh OS read for a UUID.
 pub(crate) fn random_hex12() -> String {
-    format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+    hex::encode(rand::random::<[u8; 6]>())
 }
 
 /// Checks the W3C `traceparent` shape: `vv-<32 hex>-<16 hex>-ff`.
