@@ -254,9 +254,8 @@ fn build_tools(objects: &[Arc<McpTool>], compiled: &mut Compiled) -> Vec<Arc<Too
             ExecutionMode::Pool => obj.status.as_ref().and_then(|s| s.endpoint.clone()),
             ExecutionMode::Job => None,
         };
-        let listing = crate::mcp::to_mcp_tool(&obj.spec);
         let tool =
-            Tool { namespace, object_name: name, generation, spec: obj.spec.clone(), validator, listing, endpoint };
+            Tool::with_validator(namespace, name, generation, obj.spec.clone(), validator).with_endpoint(endpoint);
         by_name.insert(tool.spec.name.clone(), Arc::new(tool));
     }
     compiled.validators.retain(|k, _| live.contains(k));

@@ -34,8 +34,20 @@ impl Tool {
     /// Builds a tool, compiling its input schema. Errors name what is wrong with the schema.
     pub fn new(namespace: String, object_name: String, generation: i64, spec: McpToolSpec) -> Result<Self, String> {
         let validator = compile_schema(&Value::Object(spec.input_schema.clone()))?;
+        Ok(Self::with_validator(namespace, object_name, generation, spec, Arc::new(validator)))
+    }
+
+    /// Builds a tool with its input schema already compiled (`validator`, cached by the
+    /// caller per generation).
+    pub fn with_validator(
+        namespace: String,
+        object_name: String,
+        generation: i64,
+        spec: McpToolSpec,
+        validator: Arc<jsonschema::Validator>,
+    ) -> Self {
         let listing = crate::mcp::to_mcp_tool(&spec);
-        Ok(Self { namespace, object_name, generation, spec, validator: Arc::new(validator), listing, endpoint: None })
+        Self { namespace, object_name, generation, spec, validator, listing, endpoint: None }
     }
 
     /// The same tool with a pool endpoint.
