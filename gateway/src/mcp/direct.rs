@@ -142,23 +142,21 @@ impl<'de> Deserialize<'de> for TopLevelKeys<'de> {
 
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<TopLevelKeys<'de>, A::Error> {
                 let mut keys = TopLevelKeys::default();
-                let mut method_seen = false;
                 while let Some(key) = map.next_key::<&'de str>()? {
-                    let seen = match key {
-                        "method" => {
-                            keys.method = Some(map.next_value::<&'de str>()?);
-                            std::mem::replace(&mut method_seen, true)
+                    let seen_before = match key {
+                        "method" => keys.method.replace(map.next_value()?).is_some(),
+                        other => {
+                            map.next_value::<IgnoredAny>()?;
+                            match other {
+                                "id" => std::mem::replace(&mut keys.id, true),
+                                "result" => std::mem::replace(&mut keys.result, true),
+                                "error" => std::mem::replace(&mut keys.error, true),
+                                _ => false,
+                            }
                         }
-                        "id" => std::mem::replace(&mut keys.id, true),
-                        "result" => std::mem::replace(&mut keys.result, true),
-                        "error" => std::mem::replace(&mut keys.error, true),
-                        _ => false,
                     };
-                    if seen {
+                    if seen_before {
                         return Err(serde::de::Error::custom("a key given twice"));
-                    }
-                    if key != "method" {
-                        map.next_value::<IgnoredAny>()?;
                     }
                 }
                 Ok(keys)
