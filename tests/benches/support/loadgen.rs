@@ -6,7 +6,8 @@
 //! time plus the client's, so a client that hands each request through an async runtime,
 //! a connection pool and a connection task (as reqwest does) adds its own wake-ups to every
 //! cell and flattens the differences between servers. Here a request is one `write` and
-//! its answer one or a few `read`s on the thread that waits for it.
+//! its answer one or a few `read`s on the thread that waits for it, and the request head is
+//! formatted once per connection.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -47,6 +48,8 @@ pub struct Connection {
     endpoint: Endpoint,
     stream: Option<TcpStream>,
     buf: Vec<u8>,
+    /// The request head up to the `content-length` value, the same for every request.
+    head: Vec<u8>,
     request: Vec<u8>,
 }
 
@@ -59,18 +62,33 @@ pub struct Answer {
 impl Answer {
     /// The JSON-RPC message of a 200 answer, sent as JSON or as one SSE event.
     pub fn json(&self) -> Option<serde_json::Value> {
+        serde_json::from_str(self.json_text()?).ok()
+    }
+
+    /// The text of [`Answer::json`], to read into a type of the caller's.
+    pub fn json_text(&self) -> Option<&str> {
         if self.status != 200 {
             return None;
         }
         let text = std::str::from_utf8(&self.body).ok()?;
-        let json_text = text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text);
-        serde_json::from_str(json_text).ok()
+        Some(text.lines().find_map(|l| l.strip_prefix("data:")).map(str::trim).unwrap_or(text))
     }
 }
 
 impl Connection {
     pub fn new(endpoint: Endpoint) -> Self {
-        Connection { endpoint, stream: None, buf: Vec::with_capacity(16 * 1024), request: Vec::with_capacity(1024) }
+        let head = format!(
+            "POST {} HTTP/1.1\r\nhost: {}\r\n{}content-length: ",
+            endpoint.path, endpoint.addr, endpoint.headers
+        )
+        .into_bytes();
+        Connection {
+            endpoint,
+            stream: None,
+            buf: Vec::with_capacity(16 * 1024),
+            head,
+            request: Vec::with_capacity(1024),
+        }
     }
 
     /// POSTs `body` and reads the whole answer. A connection the server closed is opened
@@ -92,14 +110,8 @@ impl Connection {
         }
         let stream = self.stream.as_mut().expect("connected");
         self.request.clear();
-        write!(
-            self.request,
-            "POST {} HTTP/1.1\r\nhost: {}\r\n{}content-length: {}\r\n\r\n",
-            self.endpoint.path,
-            self.endpoint.addr,
-            self.endpoint.headers,
-            body.len()
-        )?;
+        self.request.extend_from_slice(&self.head);
+        write!(self.request, "{}\r\n\r\n", body.len())?;
         self.request.extend_from_slice(body);
         stream.write_all(&self.request)?;
 
