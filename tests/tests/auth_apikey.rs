@@ -127,9 +127,32 @@ async fn a_changed_key_file_is_picked_up_by_the_reload_task() {
     stop.cancel();
 }
 
+#[tokio::test]
+async fn an_empty_key_file_on_reload_keeps_the_keys_and_an_empty_list_revokes_them() {
+    let dir = auth_support::temp_dir("toolyard-apikeys");
+    let path = dir.join("keys.yaml");
+    let (key, hash) = generate_api_key();
+    std::fs::write(&path, key_doc(&[("alice", &[], &hash)])).expect("write");
+    let auth = ApiKeyAuthenticator::load(ApiKeySource::File(path.clone())).await.expect("keys");
+
+    // What a reload reads between the truncation and the write of `>` in a shell.
+    std::fs::write(&path, "").expect("truncate");
+    let e = auth.reload().await.expect_err("an empty file is not taken").to_string();
+    assert!(e.contains(&path.display().to_string()) && e.contains("keys: []"), "{e}");
+    assert!(auth.authenticate(&key).await.expect("still accepted").is_some());
+
+    std::fs::write(&path, "keys: []\n").expect("write");
+    assert!(auth.reload().await.expect("reloaded"), "the keys changed");
+    assert_eq!(auth.authenticate(&key).await.expect_err("revoked").reason, reason::INVALID);
+
+    // With no keys in force, an empty file is no change.
+    std::fs::write(&path, "").expect("truncate");
+    assert!(!auth.reload().await.expect("an empty file with no keys in force"));
+}
+
 /// Replaces a file's content in one step (write a sibling, rename it over), as editors and
 /// Kubernetes volume updates do. `std::fs::write` truncates first: the reload task could read
-/// the empty file in between, which is a valid key file with no keys.
+/// the file half written.
 fn replace_file(path: &std::path::Path, text: &str) {
     let next = path.with_extension("next");
     std::fs::write(&next, text).expect("write");

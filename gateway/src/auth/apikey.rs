@@ -222,8 +222,13 @@ impl ApiKeySource {
 
     /// Reads and parses the keys.
     pub async fn load(&self) -> Result<Vec<ApiKey>, ApiKeyError> {
+        parse_keys(&self.read().await?, &self.describe())
+    }
+
+    /// Reads the key document's text.
+    async fn read(&self) -> Result<String, ApiKeyError> {
         let origin = self.describe();
-        let text = match self {
+        Ok(match self {
             ApiKeySource::File(path) => tokio::fs::read_to_string(path)
                 .await
                 .map_err(|source| ApiKeyError::Read { path: path.clone(), source })?,
@@ -248,8 +253,7 @@ impl ApiKeySource {
                     message: "is not UTF-8 text".into(),
                 })?
             }
-        };
-        parse_keys(&text, &origin)
+        })
     }
 }
 
@@ -282,9 +286,20 @@ impl ApiKeyAuthenticator {
     }
 
     /// Reads the source again; on error the current keys stay. Returns whether they changed.
+    ///
+    /// An empty document while keys are in force is refused as an error: it is what a reload
+    /// reads in the middle of a file rewritten in place (truncated, then written), and taking
+    /// it would revoke every key until the next reload. `keys: []` revokes them all.
     pub async fn reload(&self) -> Result<bool, ApiKeyError> {
         let Some(source) = &self.source else { return Ok(false) };
-        let keys = source.load().await?;
+        let text = source.read().await?;
+        if text.trim().is_empty() && !self.current().is_empty() {
+            return Err(ApiKeyError::Parse {
+                origin: source.describe(),
+                message: "is empty (a file being rewritten?); write `keys: []` to revoke every key".into(),
+            });
+        }
+        let keys = parse_keys(&text, &source.describe())?;
         let changed = *self.current() != keys;
         if changed {
             tracing::info!(source = %source.describe(), keys = keys.len(), "API keys reloaded");

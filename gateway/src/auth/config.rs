@@ -34,7 +34,9 @@ pub struct AuthArgs {
     /// Key of that Secret holding the document.
     #[arg(long, env = "TOOLYARD_API_KEYS_SECRET_KEY", default_value = "keys.yaml")]
     pub api_keys_secret_key: String,
-    /// Re-read the API key file/Secret this often (0: never).
+    /// Re-read the API key file/Secret this often (0: never). A document that fails to parse,
+    /// or an empty one while keys are in force, keeps the previous keys (`keys: []` revokes
+    /// them all).
     #[arg(long, env = "TOOLYARD_API_KEYS_RELOAD_SECONDS", default_value_t = 30)]
     pub api_keys_reload_seconds: u64,
 
