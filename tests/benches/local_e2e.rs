@@ -98,7 +98,9 @@ fn call_body(tool: &str, id: u64) -> Vec<u8> {
 /// The answer carries the right price, from the structured result or from the text content
 /// (the SDK server's dict).
 fn priced(answer: &loadgen::Answer) -> bool {
-    let Some(answer) = answer.json() else { return false };
+    let Some(answer) = answer.json_text().and_then(|text| serde_json::from_str::<Value>(text).ok()) else {
+        return false;
+    };
     let result = &answer["result"];
     let price = result["structuredContent"]["price"].as_f64().or_else(|| {
         let text = result["content"][0]["text"].as_str()?;

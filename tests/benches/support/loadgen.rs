@@ -60,12 +60,7 @@ pub struct Answer {
 }
 
 impl Answer {
-    /// The JSON-RPC message of a 200 answer, sent as JSON or as one SSE event.
-    pub fn json(&self) -> Option<serde_json::Value> {
-        serde_json::from_str(self.json_text()?).ok()
-    }
-
-    /// The text of [`Answer::json`], to read into a type of the caller's.
+    /// The text of the JSON-RPC message of a 200 answer, sent as JSON or as one SSE event.
     pub fn json_text(&self) -> Option<&str> {
         if self.status != 200 {
             return None;
