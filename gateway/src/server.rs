@@ -1,5 +1,9 @@
-//! Serving routers on listeners (axum-server, plain or rustls) with header limits and a
-//! graceful shutdown shared by every listener.
+//! Serving routers on listeners (hyper, plain or rustls) with header limits and a graceful
+//! shutdown shared by every listener.
+//!
+//! Each listener has its own accept loop; each connection is one task running hyper's
+//! HTTP/1 + HTTP/2 connection, wrapped in [`RepollSelfWakes`] (hyper wakes a connection's own
+//! task once per request with a body; see that module).
 //!
 //! Shutdown, on SIGTERM/SIGINT or when the caller's trigger fires:
 //! 1. the app's shutdown token is cancelled: new MCP requests get 503 with `Retry-After` and
@@ -11,17 +15,22 @@
 //! 3. at the end of the grace period the remaining MCP streams and connections are cut;
 //! 4. then the other listeners drain (a few seconds at most).
 
-use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
 use axum_server::tls_rustls::RustlsConfig;
-use axum_server::{Control, Handle};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::coarse_timer::CoarseTimer;
+use crate::self_wake::RepollSelfWakes;
 
 /// HTTP server settings.
 #[derive(Clone, Debug)]
@@ -75,6 +84,13 @@ pub enum Drain {
 /// How long the listeners drained last may take once the first ones are done.
 const LAST_DRAIN_GRACE: Duration = Duration::from_secs(5);
 
+/// How long a client has to finish the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the accept loop waits after an error that is not about one connection (like
+/// running out of file descriptors) before accepting again.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
 impl std::fmt::Debug for Listener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Listener").field("name", &self.name).field("tls", &self.tls.is_some()).finish_non_exhaustive()
@@ -100,12 +116,9 @@ pub fn bind(name: &str, addr: &str) -> anyhow::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
-fn configure<A: axum_server::Address, Acc>(
-    server: &mut axum_server::Server<A, Acc>,
-    settings: &ServerSettings,
-    timer: &CoarseTimer,
-) {
-    let builder = server.http_builder();
+/// hyper's connection settings: header limits and the header-read deadline.
+fn builder(settings: &ServerSettings, timer: &CoarseTimer) -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(timer.clone())
@@ -113,40 +126,29 @@ fn configure<A: axum_server::Address, Acc>(
         .max_buf_size(settings.max_header_bytes.max(8192))
         .header_read_timeout(settings.header_read_timeout);
     builder.http2().max_header_list_size(u32::try_from(settings.max_header_bytes).unwrap_or(u32::MAX));
+    builder
 }
 
 /// Serves every listener until shutdown (signal or `tokens.trigger`), then drains them.
 /// Returns an error if a listener fails.
 pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: ShutdownTokens) -> anyhow::Result<()> {
-    let first = Control::new();
-    let last = Control::new();
+    let first = CancellationToken::new();
+    let last = CancellationToken::new();
     let mut first_tasks = JoinSet::new();
     let mut last_tasks = JoinSet::new();
     let timer = CoarseTimer::start();
+    let builder = Arc::new(builder(settings, &timer));
     for l in listeners {
         let addr = l.socket.local_addr().context("listener address")?;
-        let (control, tasks) = match l.drain {
-            Drain::First => (&first, &mut first_tasks),
-            Drain::Last => (&last, &mut last_tasks),
+        let (drain, grace, tasks) = match l.drain {
+            Drain::First => (first.clone(), settings.shutdown_grace, &mut first_tasks),
+            Drain::Last => (last.clone(), LAST_DRAIN_GRACE, &mut last_tasks),
         };
-        let handle = Handle::<SocketAddr>::with_control(control.clone());
-        let service = l.router.into_make_service();
         let name = l.name;
         tracing::info!(listener = name, %addr, tls = l.tls.is_some(), "listening");
-        match l.tls {
-            None => {
-                let mut server = axum_server::from_tcp(l.socket)?;
-                configure(&mut server, settings, &timer);
-                let server = server.handle(handle);
-                tasks.spawn(async move { (name, server.serve(service).await) });
-            }
-            Some(tls) => {
-                let mut server = axum_server::from_tcp_rustls(l.socket, tls)?;
-                configure(&mut server, settings, &timer);
-                let server = server.handle(handle);
-                tasks.spawn(async move { (name, server.serve(service).await) });
-            }
-        }
+        let socket = tokio::net::TcpListener::from_std(l.socket).context("listener socket")?;
+        let served = Served { router: l.router, tls: l.tls, builder: Arc::clone(&builder) };
+        tasks.spawn(async move { (name, accept_loop(name, socket, served, drain, grace).await) });
     }
 
     let failure = tokio::select! {
@@ -157,7 +159,7 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
     };
     tracing::info!(grace_seconds = settings.shutdown_grace.as_secs(), "shutting down");
     tokens.app.cancel();
-    first.graceful_shutdown(Some(settings.shutdown_grace));
+    first.cancel();
     let streams = tokens.streams.clone();
     let grace = settings.shutdown_grace;
     let cutter = tokio::spawn(async move {
@@ -175,7 +177,7 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
     }
     cutter.abort();
     tokens.streams.cancel();
-    last.graceful_shutdown(Some(LAST_DRAIN_GRACE));
+    last.cancel();
     while let Some(done) = last_tasks.join_next().await {
         if result.is_ok() {
             result = listener_result(done);
@@ -183,6 +185,100 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
     }
     tracing::info!("stopped");
     result
+}
+
+/// What a listener's connections are served with.
+struct Served {
+    router: Router,
+    tls: Option<RustlsConfig>,
+    builder: Arc<Builder<TokioExecutor>>,
+}
+
+/// Accepts connections until `drain` fires, then lets them finish their in-flight requests
+/// for up to `grace` and cuts the rest.
+async fn accept_loop(
+    name: &'static str,
+    socket: tokio::net::TcpListener,
+    served: Served,
+    drain: CancellationToken,
+    grace: Duration,
+) -> std::io::Result<()> {
+    let served = Arc::new(served);
+    let graceful = GracefulShutdown::new();
+    let mut connections = JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            biased;
+            () = drain.cancelled() => break,
+            // Finished connection tasks are reaped as they end.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            accepted = socket.accept() => match accepted {
+                Ok((stream, _peer)) => stream,
+                Err(e) if is_connection_error(&e) => continue,
+                Err(e) => {
+                    tracing::warn!(listener = name, error = %e, "accepting a connection failed; pausing");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        connections.spawn(serve_connection(stream, Arc::clone(&served), graceful.watcher(), drain.clone()));
+    }
+    drop(socket);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!(listener = name, grace_seconds = grace.as_secs(), "cutting connections still open after the grace period");
+        }
+    }
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// Serves one connection: the TLS handshake if any, then HTTP/1 or HTTP/2 until the client
+/// leaves or the listener drains.
+async fn serve_connection(stream: TcpStream, served: Arc<Served>, watcher: Watcher, drain: CancellationToken) {
+    let service = TowerToHyperService::new(served.router.clone());
+    let result = match &served.tls {
+        None => {
+            let conn = served.builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            RepollSelfWakes::new(watcher.watch(conn)).await
+        }
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.get_inner());
+            let stream = tokio::select! {
+                biased;
+                () = drain.cancelled() => return,
+                handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)) => match handshake {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
+                },
+            };
+            let conn = served.builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+            RepollSelfWakes::new(watcher.watch(conn)).await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// Errors of `accept` that concern one connection only (the next accept can succeed).
+fn is_connection_error(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
 }
 
 fn listener_result(done: Result<(&'static str, std::io::Result<()>), tokio::task::JoinError>) -> anyhow::Result<()> {
