@@ -126,12 +126,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn one_self_wake_is_polled_again_at_once_without_waking_the_task() {
+    /// A wrapped [`SelfWaking`], its poll count, and the counted waker of the task polling it.
+    fn self_waking(self_wakes: usize) -> (RepollSelfWakes<SelfWaking>, Arc<AtomicUsize>, Arc<CountingWaker>, Waker) {
         let polls = Arc::new(AtomicUsize::new(0));
         let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
         let waker = Waker::from(Arc::clone(&task));
-        let mut future = RepollSelfWakes::new(SelfWaking { self_wakes: 1, polls: Arc::clone(&polls) });
+        (RepollSelfWakes::new(SelfWaking { self_wakes, polls: Arc::clone(&polls) }), polls, task, waker)
+    }
+
+    #[test]
+    fn one_self_wake_is_polled_again_at_once_without_waking_the_task() {
+        let (mut future, polls, task, waker) = self_waking(1);
         let result = Pin::new(&mut future).poll(&mut Context::from_waker(&waker));
         assert!(result.is_ready());
         assert_eq!(polls.load(Ordering::SeqCst), 2);
@@ -140,10 +145,7 @@ mod tests {
 
     #[test]
     fn a_future_that_keeps_waking_itself_still_yields_to_the_task() {
-        let polls = Arc::new(AtomicUsize::new(0));
-        let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
-        let waker = Waker::from(Arc::clone(&task));
-        let mut future = RepollSelfWakes::new(SelfWaking { self_wakes: 3, polls: Arc::clone(&polls) });
+        let (mut future, polls, task, waker) = self_waking(3);
         let mut cx = Context::from_waker(&waker);
         assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
         assert_eq!(polls.load(Ordering::SeqCst), 2, "one poll more, not a loop");
