@@ -239,12 +239,8 @@ async fn accept_loop(
 /// Serves one connection: the TLS handshake if any, then HTTP/1 or HTTP/2 until the client
 /// leaves or the listener drains.
 async fn serve_connection(stream: TcpStream, served: Arc<Served>, watcher: Watcher, drain: CancellationToken) {
-    let service = TowerToHyperService::new(served.router.clone());
-    let result = match &served.tls {
-        None => {
-            let conn = served.builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            RepollSelfWakes::new(watcher.watch(conn)).await
-        }
+    match &served.tls {
+        None => serve_http(stream, &served, watcher).await,
         Some(tls) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.get_inner());
             let stream = tokio::select! {
@@ -262,11 +258,19 @@ async fn serve_connection(stream: TcpStream, served: Arc<Served>, watcher: Watch
                     }
                 },
             };
-            let conn = served.builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
-            RepollSelfWakes::new(watcher.watch(conn)).await
+            serve_http(stream, &served, watcher).await;
         }
-    };
-    if let Err(e) = result {
+    }
+}
+
+/// HTTP/1 or HTTP/2 on `io` until the client leaves or the listener drains.
+async fn serve_http<I>(io: I, served: &Served, watcher: Watcher)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(served.router.clone());
+    let conn = served.builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    if let Err(e) = RepollSelfWakes::new(watcher.watch(conn)).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
