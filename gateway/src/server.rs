@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum_server::tls_rustls::RustlsConfig;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::{GracefulShutdown, Watcher};
@@ -31,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coarse_timer::CoarseTimer;
 use crate::self_wake::RepollSelfWakes;
+use crate::tls::TlsConfig;
 
 /// HTTP server settings.
 #[derive(Clone, Debug)]
@@ -66,8 +66,8 @@ pub struct Listener {
     pub socket: std::net::TcpListener,
     /// The router.
     pub router: Router,
-    /// TLS configuration (reloadable through its handle), or plain HTTP.
-    pub tls: Option<RustlsConfig>,
+    /// TLS configuration (reloadable, see [`crate::tls::reloading_config`]), or plain HTTP.
+    pub tls: Option<TlsConfig>,
     /// When this listener stops during shutdown.
     pub drain: Drain,
 }
@@ -190,7 +190,7 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
 /// What a listener's connections are served with.
 struct Served {
     router: Router,
-    tls: Option<RustlsConfig>,
+    tls: Option<TlsConfig>,
     builder: Arc<Builder<TokioExecutor>>,
 }
 
@@ -242,7 +242,7 @@ async fn serve_connection(stream: TcpStream, served: Arc<Served>, watcher: Watch
     match &served.tls {
         None => serve_http(stream, &served, watcher).await,
         Some(tls) => {
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.get_inner());
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
             let stream = tokio::select! {
                 biased;
                 () = drain.cancelled() => return,

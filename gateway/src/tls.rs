@@ -4,18 +4,14 @@
 //! the symlink swap of Kubernetes Secret volumes; a new pair that does not load (half
 //! written, key not matching the certificate) is logged and the previous pair stays in use.
 //!
-//! [`reloading_config`] gives an `axum_server` [`RustlsConfig`] for a listener (e.g. the
-//! gateway's `server::Listener::tls`); [`serve_tls`] serves one router with it until a
-//! shutdown token fires.
+//! [`reloading_config`] gives a [`TlsConfig`] for a listener (`server::Listener::tls`); each
+//! new connection's handshake uses the pair current at that moment.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use anyhow::Context;
-use axum::Router;
-use axum_server::tls_rustls::RustlsConfig;
 use clap::Args;
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject;
@@ -110,7 +106,7 @@ impl TlsArgs {
     }
 }
 
-/// The aws-lc-rs crypto provider, passed explicitly (axum-server is built without one).
+/// The aws-lc-rs crypto provider, passed explicitly to every config built here.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
@@ -176,11 +172,41 @@ impl ReloadStatus {
     }
 }
 
+/// A rustls server config that can be replaced while it is served: clones share it, a
+/// replacement applies to the handshakes that start after it, and connections already open
+/// keep the config they began with.
+#[derive(Clone)]
+pub struct TlsConfig(Arc<RwLock<Arc<ServerConfig>>>);
+
+impl TlsConfig {
+    /// Serves `config` until it is replaced.
+    pub fn new(config: Arc<ServerConfig>) -> Self {
+        TlsConfig(Arc::new(RwLock::new(config)))
+    }
+
+    /// The config for a handshake starting now.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        // A poisoned lock still holds a whole `Arc`: the writer only swaps it.
+        Arc::clone(&self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Serves `config` from the next handshake on.
+    fn replace(&self, config: Arc<ServerConfig>) {
+        *self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner) = config;
+    }
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TlsConfig").finish_non_exhaustive()
+    }
+}
+
 /// A TLS config kept current from files.
 #[derive(Clone, Debug)]
 pub struct ReloadingTls {
-    /// The config to serve with (`axum_server::tls_rustls`); reloads apply to new connections.
-    pub config: RustlsConfig,
+    /// The config to serve with; reloads apply to new connections.
+    pub config: TlsConfig,
     /// Reload outcomes.
     pub status: Arc<ReloadStatus>,
 }
@@ -194,7 +220,7 @@ pub async fn reloading_config(
     shutdown: CancellationToken,
 ) -> Result<ReloadingTls, TlsError> {
     let (cert, key) = read_pair(&files).await?;
-    let config = RustlsConfig::from_config(server_config(&files, &cert, &key)?);
+    let config = TlsConfig::new(server_config(&files, &cert, &key)?);
     let status = Arc::new(ReloadStatus::default());
     let served = config.clone();
     let counts = Arc::clone(&status);
@@ -221,7 +247,7 @@ pub async fn reloading_config(
             }
             match server_config(&files, &pair.0, &pair.1) {
                 Ok(new) => {
-                    served.reload_from_config(new);
+                    served.replace(new);
                     counts.reloads.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(cert = %files.cert.display(), "TLS certificate reloaded");
                     current = pair;
@@ -238,31 +264,6 @@ pub async fn reloading_config(
         }
     });
     Ok(ReloadingTls { config, status })
-}
-
-/// Serves `router` over TLS on `listener` with `tls` (from [`reloading_config`]) until
-/// `shutdown` fires, then lets open requests finish for up to `grace`.
-pub async fn serve_tls(
-    listener: std::net::TcpListener,
-    router: Router,
-    tls: RustlsConfig,
-    grace: Duration,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    listener.set_nonblocking(true).context("setting the listener non-blocking")?;
-    let config = tls;
-    let handle = axum_server::Handle::new();
-    let stopper = handle.clone();
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        stop.cancelled().await;
-        stopper.graceful_shutdown(Some(grace));
-    });
-    axum_server::from_tcp_rustls(listener, config)?
-        .handle(handle)
-        .serve(router.into_make_service_with_connect_info::<std::net::SocketAddr>())
-        .await
-        .context("serving TLS")
 }
 
 #[cfg(test)]

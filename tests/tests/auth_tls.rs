@@ -1,7 +1,7 @@
 //! TLS serving from certificate files (made with openssl: a test CA and leaf
 //! certificates), reloaded when the files change as cert-manager rotates them; a broken
-//! new pair keeps the old certificate in service. A real HTTPS client (reqwest trusting
-//! only the test CA) reads the certificate the server presents.
+//! new pair keeps the old certificate in service. The gateway's server serves it; a real
+//! HTTPS client (reqwest trusting only the test CA) reads the certificate the server presents.
 
 mod auth_support;
 
@@ -13,7 +13,8 @@ use axum::Router;
 use axum::routing::get;
 use sha2::Digest;
 use tokio_util::sync::CancellationToken;
-use toolyard_gateway::tls::{TlsFiles, reloading_config, serve_tls};
+use toolyard_gateway::server::{self, Drain, Listener, ServerSettings, ShutdownTokens};
+use toolyard_gateway::tls::{TlsFiles, reloading_config};
 use toolyard_tests::wait_until;
 
 /// A CA and leaf certificates for 127.0.0.1 signed by it.
@@ -143,10 +144,16 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_not() {
     let shutdown = CancellationToken::new();
     let tls = reloading_config(files, Duration::from_millis(100), shutdown.clone()).await.expect("tls");
     let status = tls.status.clone();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let url = format!("https://{}/", listener.local_addr().expect("addr"));
+    let socket = server::bind("public", "127.0.0.1:0").expect("bind");
+    let url = format!("https://{}/", socket.local_addr().expect("addr"));
     let router = Router::new().route("/", get(|| async { "hello" }));
-    let server = tokio::spawn(serve_tls(listener, router, tls.config, Duration::from_secs(1), shutdown.clone()));
+    let listeners = vec![Listener { name: "public", socket, router, tls: Some(tls.config), drain: Drain::First }];
+    let settings = ServerSettings { shutdown_grace: Duration::from_secs(1), ..ServerSettings::default() };
+    let tokens = ShutdownTokens::default();
+    let server = tokio::spawn({
+        let tokens = tokens.clone();
+        async move { server::serve(listeners, &settings, tokens).await }
+    });
 
     let ca = pki.ca();
     wait_until(Duration::from_secs(10), "the server to answer", || {
@@ -188,6 +195,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_not() {
     .await
     .expect("repair picked up");
 
+    tokens.trigger.cancel();
     shutdown.cancel();
     server.await.expect("join").expect("server stopped cleanly");
 }
