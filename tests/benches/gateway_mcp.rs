@@ -21,7 +21,11 @@
 //! (like `1,8`) run only some cells, for profiling one of them. `TOOLYARD_BENCH_ROUNDS` runs
 //! every cell that many times, the servers one after the other in each round; the ratios are
 //! the median of the rounds' ratios, which keeps a change of load on a shared machine from
-//! landing on one server only. `TOOLYARD_BENCH_BASELINE_EXE` names another build of this bench
+//! landing on one server only. `TOOLYARD_BENCH_NODE` (`idle`, `busy` or `both`, the default)
+//! measures each round on an idle machine, whose CPUs halt between requests, and on a busy one,
+//! where a `SCHED_IDLE` thread per CPU keeps them from halting (see
+//! [`run_idle_spinner_process`]): at one client, waking a halted virtual CPU is a large part of
+//! a fast server's round trip. `TOOLYARD_BENCH_BASELINE_EXE` names another build of this bench
 //! (`target/release/deps/gateway_mcp-*`) whose gateway is measured too, in the same rounds, to
 //! compare two builds of the gateway.
 
@@ -71,6 +75,7 @@ fn main() {
     match std::env::var(ROLE).as_deref() {
         Ok("gateway") => return run_gateway_process(),
         Ok("floor") => return run_floor_process(),
+        Ok("idle-spinner") => return run_idle_spinner_process(),
         _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
@@ -149,6 +154,67 @@ fn run_floor_process() {
     });
 }
 
+/// Keeps every CPU from halting while the servers are measured "on a busy node": one thread per
+/// CPU that spins under `SCHED_IDLE`, the policy whose threads run only when no other thread
+/// wants the CPU and give it up the moment one does.
+///
+/// On an idle virtual machine a CPU with nothing to run halts, and waking it again (an
+/// interrupt to a halted virtual CPU) adds tens of microseconds to every hand-over between
+/// the client and the server. At one client that is a large part of a fast server's round
+/// trip and a small part of a slow one's. On a node running other work the CPUs do not halt;
+/// these threads stand in for that work without taking CPU time from the servers.
+#[expect(unsafe_code, reason = "std has no call to set a thread's scheduling policy")]
+fn run_idle_spinner_process() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets the calling thread's policy; `param` is valid for the call. Threads spawned
+    // below inherit the policy.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        panic!("SCHED_IDLE: {}", std::io::Error::last_os_error());
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("spinning on {cpus} CPUs");
+    let spinners: Vec<_> = (0..cpus)
+        .map(|_| {
+            std::thread::spawn(|| {
+                loop {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    for spinner in spinners {
+        spinner.join().ok();
+    }
+}
+
+/// The state of the machine's CPUs while a round of cells is measured.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Node {
+    /// Nothing else runs: CPUs halt between requests.
+    Idle,
+    /// [`run_idle_spinner_process`] keeps the CPUs from halting.
+    Busy,
+}
+
+impl Node {
+    fn name(self) -> &'static str {
+        match self {
+            Node::Idle => "idle",
+            Node::Busy => "busy",
+        }
+    }
+
+    /// `TOOLYARD_BENCH_NODE`: `idle`, `busy` or `both` (the default).
+    fn from_env() -> Vec<Node> {
+        match std::env::var("TOOLYARD_BENCH_NODE").as_deref() {
+            Ok("idle") => vec![Node::Idle],
+            Ok("busy") => vec![Node::Busy],
+            Ok("both") | Err(_) => vec![Node::Idle, Node::Busy],
+            Ok(other) => panic!("TOOLYARD_BENCH_NODE: `{other}` is none of idle, busy, both"),
+        }
+    }
+}
+
 /// CPU seconds (user + system) of a process so far.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
@@ -178,6 +244,16 @@ impl Target {
     fn endpoint(&self) -> loadgen::Endpoint {
         loadgen::Endpoint::mcp(&self.url, self.token.as_deref())
     }
+}
+
+/// One measured cell of a round.
+struct Row {
+    round: usize,
+    node: Node,
+    server: &'static str,
+    op: &'static str,
+    clients: usize,
+    cell: Cell,
 }
 
 /// Results of one cell.
@@ -290,6 +366,28 @@ fn spawn_exe(exe: &std::path::Path, role: &str, namespace: &str) -> (Killed, Str
     (Killed(child), addr)
 }
 
+/// The median; of an even count, the mean of the two middle values.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len().is_multiple_of(2) { (values[mid - 1] + values[mid]) / 2.0 } else { values[mid] }
+}
+
+/// [`run_idle_spinner_process`] in a process of its own (its CPU is no server's), running once
+/// this returns.
+fn spawn_idle_spinner() -> Killed {
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .env(ROLE, "idle-spinner")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spinner process");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("spinner line");
+    assert!(line.starts_with("spinning"), "spinner: {line}");
+    Killed(child)
+}
+
 async fn wait_ready(target: &Target) {
     for _ in 0..300 {
         let endpoint = target.endpoint();
@@ -371,14 +469,19 @@ async fn run_benchmark() {
     }
 
     let rounds: usize = std::env::var("TOOLYARD_BENCH_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(1).max(1);
+    let nodes = Node::from_env();
     println!(
         "# Gateway MCP benchmark ({seconds} s per cell, {rounds} round(s), {} CPUs)",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     println!("gateway executor: answers at once (gateway-only figure: auth + RBAC cache + catalog + validation + MCP)");
+    println!(
+        "node: `idle` = nothing else runs, CPUs halt between requests; `busy` = one SCHED_IDLE spinning \
+         thread per CPU keeps them from halting and yields to every server at once"
+    );
     println!();
-    println!("| round | server | op | clients | calls/s | p50 ms | p99 ms | server CPU ms/call | errors |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| round | node | server | op | clients | calls/s | p50 ms | p99 ms | server CPU ms/call | errors |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let ops: Vec<&'static str> = match std::env::var("TOOLYARD_BENCH_OPS") {
         Ok(list) => ["tools/list", "tools/call"].into_iter().filter(|op| list.split(',').any(|o| o == *op)).collect(),
         Err(_) => vec!["tools/list", "tools/call"],
@@ -389,15 +492,24 @@ async fn run_benchmark() {
     };
     let mut rows = Vec::new();
     for round in 1..=rounds {
-        for &op in &ops {
-            for &clients in &client_counts {
-                for target in &targets {
-                    let cell = run_cell(target, op, clients, seconds).await;
-                    println!(
-                        "| {round} | {} | {op} | {clients} | {:.0} | {:.2} | {:.2} | {:.3} | {} |",
-                        target.name, cell.calls_per_second, cell.p50_ms, cell.p99_ms, cell.cpu_ms_per_call, cell.errors
-                    );
-                    rows.push((round, target.name, op, clients, cell));
+        for &node in &nodes {
+            let _spinner = (node == Node::Busy).then(spawn_idle_spinner);
+            for &op in &ops {
+                for &clients in &client_counts {
+                    for target in &targets {
+                        let cell = run_cell(target, op, clients, seconds).await;
+                        println!(
+                            "| {round} | {} | {} | {op} | {clients} | {:.0} | {:.2} | {:.2} | {:.3} | {} |",
+                            node.name(),
+                            target.name,
+                            cell.calls_per_second,
+                            cell.p50_ms,
+                            cell.p99_ms,
+                            cell.cpu_ms_per_call,
+                            cell.errors
+                        );
+                        rows.push(Row { round, node, server: target.name, op, clients, cell });
+                    }
                 }
             }
         }
@@ -411,46 +523,54 @@ async fn run_benchmark() {
     let baseline_columns =
         if baseline_child.is_some() { " gateway / baseline calls/s | baseline / gateway CPU per call |" } else { "" };
     println!(
-        "| op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) | \
+        "| node | op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) | \
          floor: bare axum / python calls/s | gateway / bare axum calls/s |{baseline_columns}"
     );
-    println!("|---|---|---|---|---|---|{}", if baseline_child.is_some() { "---|---|" } else { "" });
-    for &op in &ops {
-        for &clients in &client_counts {
-            // The median over the rounds of a ratio of two servers' cells in the same round.
-            let ratio = |a: &str, b: &str, of: fn(&Cell) -> f64| {
-                let mut per_round: Vec<f64> = (1..=rounds)
-                    .map(|round| {
-                        let find = |name: &str| {
-                            rows.iter()
-                                .find(|r| r.0 == round && r.1 == name && r.2 == op && r.3 == clients)
-                                .map(|r| &r.4)
-                                .expect("row")
-                        };
-                        of(find(a)) / of(find(b))
-                    })
-                    .collect();
-                per_round.sort_by(f64::total_cmp);
-                per_round[per_round.len() / 2]
-            };
-            let calls = |c: &Cell| c.calls_per_second;
-            let cpu = |c: &Cell| c.cpu_ms_per_call;
-            let (gateway, python, floor) = ("toolyard-gateway", "python-sdk-fastmcp", "floor-bare-axum");
-            print!(
-                "| {op} | {clients} | {:.1}x | {:.1}x | {:.1}x | {:.2} |",
-                ratio(gateway, python, calls),
-                ratio(python, gateway, cpu),
-                ratio(floor, python, calls),
-                ratio(gateway, floor, calls),
-            );
-            if baseline_child.is_some() {
+    println!("|---|---|---|---|---|---|---|{}", if baseline_child.is_some() { "---|---|" } else { "" });
+    for &node in &nodes {
+        for &op in &ops {
+            for &clients in &client_counts {
+                // The median over the rounds of a ratio of two servers' cells in the same round.
+                let ratio = |a: &str, b: &str, of: fn(&Cell) -> f64| {
+                    let per_round: Vec<f64> = (1..=rounds)
+                        .map(|round| {
+                            let find = |server: &str| {
+                                rows.iter()
+                                    .find(|r| {
+                                        r.round == round
+                                            && r.node == node
+                                            && r.server == server
+                                            && r.op == op
+                                            && r.clients == clients
+                                    })
+                                    .map(|r| &r.cell)
+                                    .expect("row")
+                            };
+                            of(find(a)) / of(find(b))
+                        })
+                        .collect();
+                    median(per_round)
+                };
+                let calls = |c: &Cell| c.calls_per_second;
+                let cpu = |c: &Cell| c.cpu_ms_per_call;
+                let (gateway, python, floor) = ("toolyard-gateway", "python-sdk-fastmcp", "floor-bare-axum");
                 print!(
-                    " {:.2} | {:.2} |",
-                    ratio(gateway, "baseline-gateway", calls),
-                    ratio("baseline-gateway", gateway, cpu)
+                    "| {} | {op} | {clients} | {:.1}x | {:.1}x | {:.1}x | {:.2} |",
+                    node.name(),
+                    ratio(gateway, python, calls),
+                    ratio(python, gateway, cpu),
+                    ratio(floor, python, calls),
+                    ratio(gateway, floor, calls),
                 );
+                if baseline_child.is_some() {
+                    print!(
+                        " {:.2} | {:.2} |",
+                        ratio(gateway, "baseline-gateway", calls),
+                        ratio("baseline-gateway", gateway, cpu)
+                    );
+                }
+                println!();
             }
-            println!();
         }
     }
     let own = cpu_seconds(std::process::id());
