@@ -7,12 +7,14 @@
 //! /healthz /readyz /metrics  ops (no authentication; /metrics only when configured)
 //! ```
 //!
-//! Layers on the MCP routes, outermost first: shutdown refusal and the global HTTP limit
-//! (503 + `Retry-After`), the declared body size (413), the authentication layer the caller
-//! passes in (it puts an [`Identity`] into the request extensions or answers 401/403), the
-//! per-user HTTP limit (429 + `Retry-After`). Every route is counted in the metrics.
+//! An MCP request passes, in order: shutdown refusal and the global HTTP limit (503 +
+//! `Retry-After`), the declared body size (413), authentication ([`auth::authenticate`]: it
+//! puts an [`Identity`] into the request extensions or answers 400/401/403/503), the per-user
+//! HTTP limit (429 + `Retry-After`), then the MCP service. These steps run in the route's
+//! handler, one after the other, rather than as one router layer each: a layer costs every
+//! request a boxed future and a boxed service clone per route. Every route is counted in the
+//! metrics.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,13 +23,13 @@ use axum::extract::{MatchedPath, Path, Request, State};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{Route, any, get};
+use axum::routing::{any, get};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use tower::{Layer, Service};
 
+use crate::auth::{self, AuthState};
 use crate::identity::Identity;
 use crate::mcp::{self, McpService, Scope};
 use crate::metrics::{Metrics, Rejection};
@@ -38,26 +40,20 @@ pub const MCP_PATH: &str = "/mcp";
 /// Route template of a toolset endpoint.
 pub const TOOLSET_MCP_PATH: &str = "/toolsets/{toolset}/mcp";
 
+/// What the MCP routes serve with.
 struct McpRoutes {
+    state: Arc<AppState>,
+    auth: Arc<AuthState>,
     service: McpService,
     max_body_bytes: usize,
     metrics: Arc<Metrics>,
 }
 
-/// The public router. `auth` is the authentication layer applied to the MCP routes (not to
-/// the ops routes); it must insert [`Identity`] into the request extensions on success, e.g.
-/// `axum::middleware::from_fn_with_state(auth_state, crate::auth::require_identity)`.
+/// The public router. `auth` authenticates the MCP routes (not the ops routes).
 ///
 /// In-flight MCP streams end when `state.shutdown` fires (subscriptions) — tool calls are
 /// let run; see [`crate::server`] for the shutdown sequence.
-pub fn app<L>(state: AppState, auth: L) -> Router
-where
-    L: Layer<Route> + Clone + Send + Sync + 'static,
-    L::Service: Service<Request> + Clone + Send + Sync + 'static,
-    <L::Service as Service<Request>>::Response: IntoResponse + 'static,
-    <L::Service as Service<Request>>::Error: Into<Infallible> + 'static,
-    <L::Service as Service<Request>>::Future: Send + 'static,
-{
+pub fn app(state: AppState, auth: Arc<AuthState>) -> Router {
     app_with(state, auth, Router::new(), CancellationToken::new())
 }
 
@@ -65,28 +61,23 @@ where
 /// [`crate::auth::metadata_router`]) and the token that hard-stops every MCP stream (fired
 /// by the server at the end of the shutdown grace period). The extra routes are counted in
 /// the metrics like the others.
-pub fn app_with<L>(state: AppState, auth: L, extra_public: Router, stream_cancel: CancellationToken) -> Router
-where
-    L: Layer<Route> + Clone + Send + Sync + 'static,
-    L::Service: Service<Request> + Clone + Send + Sync + 'static,
-    <L::Service as Service<Request>>::Response: IntoResponse + 'static,
-    <L::Service as Service<Request>>::Error: Into<Infallible> + 'static,
-    <L::Service as Service<Request>>::Future: Send + 'static,
-{
+pub fn app_with(
+    state: AppState,
+    auth: Arc<AuthState>,
+    extra_public: Router,
+    stream_cancel: CancellationToken,
+) -> Router {
     // The middleware gets the state behind one `Arc`: it is cloned for every request.
     let shared = Arc::new(state.clone());
     let routes = Arc::new(McpRoutes {
+        state: shared.clone(),
+        auth,
         service: mcp::service(state.clone(), stream_cancel),
         max_body_bytes: state.settings.limits.max_body_bytes,
         metrics: state.metrics.clone(),
     });
-    let mcp_router = Router::new()
-        .route(MCP_PATH, any(mcp_all))
-        .route(TOOLSET_MCP_PATH, any(mcp_toolset))
-        .with_state(routes)
-        .route_layer(middleware::from_fn_with_state(shared.clone(), per_user_admission))
-        .route_layer(auth)
-        .route_layer(middleware::from_fn_with_state(shared.clone(), global_admission));
+    let mcp_router =
+        Router::new().route(MCP_PATH, any(mcp_all)).route(TOOLSET_MCP_PATH, any(mcp_toolset)).with_state(routes);
     let ops = if state.settings.metrics_on_public { ops_router(state.clone()) } else { health_router(state.clone()) };
     Router::new()
         .merge(mcp_router)
@@ -110,21 +101,45 @@ fn health_router(state: AppState) -> Router {
     Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz)).with_state(state)
 }
 
-async fn mcp_all(State(routes): State<Arc<McpRoutes>>, mut request: Request) -> Response {
-    request.extensions_mut().insert(Scope::All);
-    forward(&routes, request).await
+async fn mcp_all(State(routes): State<Arc<McpRoutes>>, request: Request) -> Response {
+    admit(&routes, request, Some(Scope::All)).await
 }
 
-async fn mcp_toolset(
-    State(routes): State<Arc<McpRoutes>>,
-    Path(toolset): Path<String>,
-    mut request: Request,
-) -> Response {
-    if !is_dns_label(&toolset) {
-        return not_found().await;
+async fn mcp_toolset(State(routes): State<Arc<McpRoutes>>, Path(toolset): Path<String>, request: Request) -> Response {
+    admit(&routes, request, is_dns_label(&toolset).then_some(Scope::Toolset(toolset))).await
+}
+
+/// Admission, authentication and per-user admission (see the module docs), then the MCP
+/// service for the request's scope; a scope of `None` (a toolset name that cannot exist)
+/// answers 404 once the caller is authenticated.
+async fn admit(routes: &McpRoutes, mut request: Request, scope: Option<Scope>) -> Response {
+    let state = &routes.state;
+    if let Some(refusal) = global_refusal(state, &request) {
+        return refusal;
     }
-    request.extensions_mut().insert(Scope::Toolset(toolset));
-    forward(&routes, request).await
+    let _permit = match state.limits.try_admit_http() {
+        Ok(p) => p,
+        Err(rejection) => {
+            state.metrics.admission_rejected(rejection);
+            return busy_response(state, StatusCode::SERVICE_UNAVAILABLE, "too many requests in flight");
+        }
+    };
+    if let Err(refusal) = auth::authenticate(&routes.auth, &mut request).await {
+        return refusal;
+    }
+    let Some(identity) = request.extensions().get::<Identity>() else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "no identity after authentication\n").into_response();
+    };
+    let _user_permit = match state.limits.try_admit_http_user(identity.owner_key().as_str()) {
+        Ok(p) => p,
+        Err(rejection) => {
+            state.metrics.admission_rejected(rejection);
+            return busy_response(state, StatusCode::TOO_MANY_REQUESTS, "too many requests in flight for this user");
+        }
+    };
+    let Some(scope) = scope else { return not_found().await };
+    request.extensions_mut().insert(scope);
+    forward(routes, request).await
 }
 
 /// Hands a request to the MCP service. POST bodies are read here first (up to the cap, 413
@@ -235,44 +250,22 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Refuses new MCP requests while shutting down, bounds concurrent requests, and refuses a
-/// declared body above the cap before reading it.
-async fn global_admission(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+/// The refusal of a new MCP request while shutting down, or of a declared body above the cap
+/// before it is read.
+fn global_refusal(state: &AppState, request: &Request) -> Option<Response> {
     if state.shutdown.is_cancelled() {
         state.metrics.admission_rejected(Rejection::ShuttingDown);
-        let mut response = busy_response(&state, StatusCode::SERVICE_UNAVAILABLE, "server is shutting down");
+        let mut response = busy_response(state, StatusCode::SERVICE_UNAVAILABLE, "server is shutting down");
         response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return response;
+        return Some(response);
     }
     let declared =
         request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > state.settings.limits.max_body_bytes as u64) {
         state.metrics.admission_rejected(Rejection::BodyTooLarge);
-        return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response();
+        return Some((StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response());
     }
-    let _permit = match state.limits.try_admit_http() {
-        Ok(p) => p,
-        Err(rejection) => {
-            state.metrics.admission_rejected(rejection);
-            return busy_response(&state, StatusCode::SERVICE_UNAVAILABLE, "too many requests in flight");
-        }
-    };
-    next.run(request).await
-}
-
-/// Bounds concurrent requests of one authenticated user (after authentication).
-async fn per_user_admission(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let Some(identity) = request.extensions().get::<Identity>() else {
-        return next.run(request).await;
-    };
-    let _permit = match state.limits.try_admit_http_user(identity.owner_key().as_str()) {
-        Ok(p) => p,
-        Err(rejection) => {
-            state.metrics.admission_rejected(rejection);
-            return busy_response(&state, StatusCode::TOO_MANY_REQUESTS, "too many requests in flight for this user");
-        }
-    };
-    next.run(request).await
+    None
 }
 
 fn busy_response(state: &AppState, status: StatusCode, message: &str) -> Response {
@@ -308,6 +301,8 @@ fn is_dns_label(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::convert::Infallible;
+
     use super::*;
 
     #[tokio::test]

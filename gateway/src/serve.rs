@@ -15,7 +15,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 
 use crate::app::app_with;
-use crate::auth::{AuthArgs, AuthMetrics, metadata_router, require_identity};
+use crate::auth::{AuthArgs, AuthMetrics, metadata_router};
 use crate::authz::{AuthzArgs, AuthzMetrics};
 use crate::catalog::kube::{KubeCatalog, Namespaces};
 use crate::executor::Executor;
@@ -315,8 +315,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
 
-    let auth_layer = axum::middleware::from_fn_with_state(auth.state.clone(), require_identity);
-    let public = app_with(state.clone(), auth_layer, metadata_router(auth.metadata.clone()), tokens.streams.clone());
+    let public =
+        app_with(state.clone(), auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
     let internal = crate::internal::router(
         InternalState::new(store, signing_key)
             .with_recorder(Arc::new(KubeResultRecorder::new(client)))

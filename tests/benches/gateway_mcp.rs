@@ -45,7 +45,7 @@ use serde_json::json;
 use toolyard_api::protocol::CallResult;
 use toolyard_gateway::app::app_with;
 use toolyard_gateway::auth::config::AuthContext;
-use toolyard_gateway::auth::{AuthMetrics, metadata_router, require_identity};
+use toolyard_gateway::auth::{AuthMetrics, metadata_router};
 use toolyard_gateway::authz::{AuthzMetrics, SarAuthorizer, SarSettings};
 use toolyard_gateway::catalog::kube::{KubeCatalog, Namespaces};
 use toolyard_gateway::executor::{CallRequest, Executor};
@@ -118,8 +118,8 @@ fn run_gateway_process() {
         let state =
             AppState::new(Arc::new(catalog.clone()), Arc::new(InstantExecutor), store, Arc::new(authorizer), settings)
                 .with_shutdown(tokens.app.clone());
-        let layer = axum::middleware::from_fn_with_state(auth.state.clone(), require_identity);
-        let router = app_with(state, layer, metadata_router(auth.metadata.clone()), tokens.streams.clone());
+        let router =
+            app_with(state, auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
         wait_until(Duration::from_secs(30), "catalog sync", || {
             let catalog = catalog.clone();
             async move { Ok(toolyard_gateway::catalog::ToolCatalog::is_synced(&catalog)) }

@@ -71,38 +71,46 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
     Ok(Some(token))
 }
 
-/// Middleware: authenticate, insert [`Identity`], or answer 400/401/403/503. Install with
+/// The middleware form of [`authenticate`], for routers that take a layer:
 /// `axum::middleware::from_fn_with_state(Arc<AuthState>, require_identity)`.
 pub async fn require_identity(State(state): State<Arc<AuthState>>, mut request: Request, next: Next) -> Response {
+    match authenticate(&state, &mut request).await {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => refusal,
+    }
+}
+
+/// Authenticates `request`: on success its [`Identity`] is in the request extensions and its
+/// `Authorization` header is gone; otherwise the answer to send (see the module docs).
+pub async fn authenticate(state: &AuthState, request: &mut Request) -> Result<(), Response> {
     // Built only for a refusal: an accepted request needs no challenge.
     let challenge = |request: &Request| {
         let path = request.extensions().get::<OriginalUri>().map_or_else(|| request.uri().path(), |u| u.0.path());
-        Challenge::new(&state, request.headers(), &resource_path(path))
+        Challenge::new(state, request.headers(), &resource_path(path))
     };
     let token = match bearer_token(request.headers()) {
         Ok(token) => token,
         Err(e) => {
             state.chain.metrics().failure(e.reason);
             tracing::info!(reason = e.reason, message = %e.message, "authentication refused");
-            return challenge(&request).refuse(&e, true);
+            return Err(challenge(request).refuse(&e, true));
         }
     };
     let identity = match state.chain.authenticate(token).await {
         Ok(identity) => identity,
-        Err(e) => return challenge(&request).refuse(&e, token.is_some()),
+        Err(e) => return Err(challenge(request).refuse(&e, token.is_some())),
     };
     let missing = state.missing_scopes(&identity);
     if !missing.is_empty() {
         state.chain.metrics().failure(reason::INSUFFICIENT_SCOPE);
         tracing::info!(user = %identity.user, missing = ?missing, "insufficient scope");
-        return challenge(&request).insufficient_scope();
+        return Err(challenge(request).insufficient_scope());
     }
     request.headers_mut().remove(header::AUTHORIZATION);
     request.extensions_mut().insert(identity);
-    next.run(request).await
+    Ok(())
 }
 
-/// Builds the `WWW-Authenticate` challenges of one request.
 struct Challenge {
     metadata_url: Option<String>,
     scope: String,

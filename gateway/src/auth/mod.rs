@@ -25,7 +25,7 @@ pub use chain::{Anonymous, AuthChain};
 pub use config::AuthArgs;
 pub use metadata::{ProtectedResourceMetadata, metadata_router};
 pub use metrics::AuthMetrics;
-pub use middleware::{AuthState, require_identity};
+pub use middleware::{AuthState, authenticate, require_identity};
 
 /// Why a credential was refused; the reason is a bounded metric label.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -24,7 +24,7 @@ use toolyard_api::token::SigningKey;
 
 use crate::app::app_with;
 use crate::auth::apikey::{API_KEY_PREFIX, ApiKey, ApiKeyAuthenticator, generate_api_key, hash_api_key};
-use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata, metadata_router, require_identity};
+use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata, metadata_router};
 use crate::authz::Authorizer;
 use crate::authz::{AuthzMetrics, PolicyAuthorizer};
 use crate::catalog::ToolCatalog;
@@ -248,8 +248,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         .with_tasks(tasks)
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
-    let auth_layer = axum::middleware::from_fn_with_state(auth, require_identity);
-    let public = app_with(state, auth_layer, metadata_router(metadata), tokens.streams.clone());
+    let public = app_with(state, auth, metadata_router(metadata), tokens.streams.clone());
     let internal = crate::internal::router(InternalState::new(store, key).with_recorder(results).with_tasks(task_api));
 
     let listeners = vec![

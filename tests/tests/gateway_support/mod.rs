@@ -32,7 +32,7 @@ use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_api::{McpTool, ToolCall};
 use toolyard_gateway::app::app_with;
 use toolyard_gateway::auth::config::AuthContext;
-use toolyard_gateway::auth::{AuthArgs, AuthMetrics, metadata_router, require_identity};
+use toolyard_gateway::auth::{AuthArgs, AuthMetrics, metadata_router};
 use toolyard_gateway::authz::{AuthzMetrics, SarAuthorizer, SarSettings};
 use toolyard_gateway::catalog::kube::{KubeCatalog, Namespaces};
 use toolyard_gateway::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeResultRecorder};
@@ -389,8 +389,8 @@ impl Gateway {
             options.settings,
         )
         .with_shutdown(tokens.app.clone());
-        let layer = axum::middleware::from_fn_with_state(auth.state.clone(), require_identity);
-        let public = app_with(state.clone(), layer, metadata_router(auth.metadata.clone()), tokens.streams.clone());
+        let public =
+            app_with(state.clone(), auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
         let internal_router = internal::router(
             InternalState::new(store.clone(), signing_key()).with_recorder(Arc::new(KubeResultRecorder::new(client))),
         );
