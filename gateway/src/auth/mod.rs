@@ -108,8 +108,13 @@ pub trait Authenticator: Send + Sync + 'static {
     async fn authenticate(&self, token: &str) -> Result<Option<Identity>, AuthError>;
 }
 
-/// Lowercase hex SHA-256 of `data` (API key hashes, cache keys for tokens).
+/// Lowercase hex SHA-256 of `data` (API key hashes).
 pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(sha256(data))
+}
+
+/// SHA-256 of `data` (cache keys for tokens).
+pub fn sha256(data: &[u8]) -> [u8; 32] {
     use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(data))
+    sha2::Sha256::digest(data).into()
 }

@@ -51,7 +51,7 @@ impl Default for TokenReviewSettings {
 pub struct TokenReviewAuthenticator {
     api: Api<TokenReview>,
     settings: TokenReviewSettings,
-    cache: TtlCache<String, Result<Identity, AuthError>>,
+    cache: TtlCache<[u8; 32], Result<Identity, AuthError>>,
     reviews: AtomicU64,
 }
 
@@ -120,7 +120,7 @@ impl TokenReviewAuthenticator {
 #[async_trait]
 impl Authenticator for TokenReviewAuthenticator {
     async fn authenticate(&self, token: &str) -> Result<Option<Identity>, AuthError> {
-        let key = super::sha256_hex(token.as_bytes());
+        let key = super::sha256(token.as_bytes());
         if let Some(cached) = self.cache.get(&key) {
             return cached.map(Some);
         }

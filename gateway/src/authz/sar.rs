@@ -123,13 +123,13 @@ impl SarAuthorizer {
         self.inner.reviews.load(Ordering::Relaxed)
     }
 
-    async fn ask(&self, question: Question) -> Answer {
-        if let Some(allowed) = self.inner.cache.get(&question) {
+    async fn ask(&self, question: &Question) -> Answer {
+        if let Some(allowed) = self.inner.cache.get(question) {
             return Some(allowed);
         }
         let shared = {
             let mut inflight = self.inner.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(pending) = inflight.get(&question) {
+            if let Some(pending) = inflight.get(question) {
                 pending.clone()
             } else {
                 let inner = Arc::clone(&self.inner);
@@ -145,7 +145,7 @@ impl SarAuthorizer {
                 }
                 .boxed()
                 .shared();
-                inflight.insert(question, fut.clone());
+                inflight.insert(question.clone(), fut.clone());
                 fut
             }
         };
@@ -222,9 +222,9 @@ impl Authorizer for SarAuthorizer {
             namespace: tool.namespace.clone(),
             name: None,
         };
-        let answer = match self.ask(broad.clone()).await {
+        let answer = match self.ask(&broad).await {
             Some(true) => Some(true),
-            Some(false) => self.ask(Question { name: Some(tool.object_name.clone()), ..broad }).await,
+            Some(false) => self.ask(&Question { name: Some(tool.object_name.clone()), ..broad }).await,
             None => None,
         };
         Ok(self.record("call", answer))
@@ -238,7 +238,7 @@ impl Authorizer for SarAuthorizer {
             namespace: namespace.to_owned(),
             name: None,
         };
-        let answer = self.ask(question).await;
+        let answer = self.ask(&question).await;
         Ok(self.record("task", answer))
     }
 }

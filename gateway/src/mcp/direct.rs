@@ -316,10 +316,14 @@ fn is_legacy_version(headers: &HeaderMap) -> bool {
         && ProtocolVersion::KNOWN_VERSIONS.iter().any(|v| v.as_str() == version)
 }
 
-/// `host[:port]` lower-cased and without IPv6 brackets, as rmcp compares them.
-fn authority(value: &str) -> Option<(String, Option<u16>)> {
-    let authority = http::uri::Authority::try_from(value.trim()).ok()?;
-    Some((authority.host().trim_matches(['[', ']']).to_ascii_lowercase(), authority.port_u16()))
+/// `host[:port]` without IPv6 brackets, as rmcp compares them (hosts without regard to case).
+fn authority(value: &str) -> Option<(&str, Option<u16>)> {
+    let value = value.trim();
+    let parsed = http::uri::Authority::try_from(value).ok()?;
+    // The parsed host, borrowed from `value`: it starts after any user info.
+    let start = value.rfind('@').map_or(0, |at| at + 1);
+    let host = value.get(start..start + parsed.host().len())?;
+    Some((host.trim_matches(['[', ']']), parsed.port_u16()))
 }
 
 /// The allowed-hosts setting, parsed once: `host[:port]` entries compared as rmcp compares
@@ -332,7 +336,8 @@ impl AllowedHosts {
         let parse = |allowed: &String| {
             let allowed = allowed.trim();
             (!allowed.is_empty()).then(|| {
-                authority(allowed).unwrap_or_else(|| (allowed.trim_matches(['[', ']']).to_ascii_lowercase(), None))
+                let (host, port) = authority(allowed).unwrap_or_else(|| (allowed.trim_matches(['[', ']']), None));
+                (host.to_ascii_lowercase(), port)
             })
         };
         AllowedHosts((!allowed.is_empty()).then(|| allowed.iter().filter_map(parse).collect()))
@@ -348,7 +353,9 @@ fn host_is_allowed(parts: &http::request::Parts, allowed_hosts: &AllowedHosts) -
     };
     let Some((host, port)) = host else { return false };
     let Some(allowed_hosts) = &allowed_hosts.0 else { return true };
-    allowed_hosts.iter().any(|(allowed, allowed_port)| *allowed == host && allowed_port.is_none_or(|p| port == Some(p)))
+    allowed_hosts.iter().any(|(allowed, allowed_port)| {
+        allowed.eq_ignore_ascii_case(host) && allowed_port.is_none_or(|p| port == Some(p))
+    })
 }
 
 #[cfg(test)]

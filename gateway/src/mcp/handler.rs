@@ -80,8 +80,8 @@ impl<'a> RequestInfo<'a> {
     }
 
     /// The authenticated caller (the authentication layer put it in the HTTP extensions).
-    pub fn identity(&self) -> Result<Identity, ErrorData> {
-        self.parts.and_then(|p| p.extensions.get::<Identity>()).cloned().ok_or_else(errors::unauthenticated)
+    pub fn identity(&self) -> Result<&'a Identity, ErrorData> {
+        self.parts.and_then(|p| p.extensions.get::<Identity>()).ok_or_else(errors::unauthenticated)
     }
 
     /// The endpoint's scope (set by the router).
@@ -116,7 +116,7 @@ impl McpHandler {
         Self { state }
     }
 
-    fn identity(context: &RequestContext<RoleServer>) -> Result<Identity, ErrorData> {
+    fn identity(context: &RequestContext<RoleServer>) -> Result<&Identity, ErrorData> {
         RequestInfo::from_context(context).identity()
     }
 
@@ -230,7 +230,7 @@ impl McpHandler {
             Some(c) => Some(cursor::decode_cursor(&c).ok_or_else(errors::invalid_cursor)?),
             None => None,
         };
-        let builtins = self.visible_builtins(&who, &scope).await?;
+        let builtins = self.visible_builtins(who, &scope).await?;
         let mut candidates: Vec<Entry> = self
             .state
             .catalog
@@ -243,7 +243,7 @@ impl McpHandler {
             .filter(|e| after.as_deref().is_none_or(|a| e.name() > a))
             .collect();
         candidates.sort_by(|a, b| a.name().cmp(b.name()));
-        let (page, more) = self.authorized_page(&who, candidates, self.state.settings.page_size.max(1)).await?;
+        let (page, more) = self.authorized_page(who, candidates, self.state.settings.page_size.max(1)).await?;
         let next_cursor = if more { page.last().map(|e| cursor::encode_cursor(e.name())) } else { None };
         let tools: Vec<McpTool> = page
             .iter()
@@ -305,10 +305,10 @@ impl McpHandler {
         let who = info.identity()?;
         let scope = info.scope();
         if let Some(builtin) = builtin_of(&scope, &request.name) {
-            if !self.visible_builtins(&who, &scope).await?.contains(&builtin) {
+            if !self.visible_builtins(who, &scope).await?.contains(&builtin) {
                 return Err(errors::unknown_tool(&request.name));
             }
-            return self.call_builtin(builtin, &who, request, context).await;
+            return self.call_builtin(builtin, who, request, context).await;
         }
         self.call_registered(request, &info).await.map(Into::into)
     }
@@ -321,7 +321,7 @@ impl McpHandler {
         info: &RequestInfo<'_>,
     ) -> Result<CallToolResult, ErrorData> {
         let who = info.identity()?;
-        let tool = self.resolve(&who, &info.scope(), &request.name).await?;
+        let tool = self.resolve(who, &info.scope(), &request.name).await?;
         let metrics = &self.state.metrics;
         let started = Instant::now();
 
@@ -357,7 +357,7 @@ impl McpHandler {
         let call = CallRequest {
             id: id.clone(),
             tool: tool.clone(),
-            caller: who,
+            caller: who.clone(),
             arguments,
             traceparent: info.traceparent(),
             parent_task: None,
@@ -441,7 +441,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let who = Self::identity(&context)?;
-        let result = resources::list(&self.state, &who, request.and_then(|r| r.cursor).as_deref()).await;
+        let result = resources::list(&self.state, who, request.and_then(|r| r.cursor).as_deref()).await;
         self.count("resources/list", result.is_ok());
         result
     }
@@ -462,7 +462,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let who = Self::identity(&context)?;
-        let result = resources::read(&self.state, &who, &request.uri).await;
+        let result = resources::read(&self.state, who, &request.uri).await;
         self.count("resources/read", result.is_ok());
         result.map(Into::into)
     }
@@ -473,7 +473,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
         let who = Self::identity(&context)?;
-        let result = TaskTools { state: &self.state, who: &who }.extension_get(&request.task_id).await;
+        let result = TaskTools { state: &self.state, who }.extension_get(&request.task_id).await;
         self.count("tasks/get", result.is_ok());
         result.map(GetTaskResult::new)
     }
@@ -484,7 +484,7 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let who = Self::identity(&context)?;
-        let result = TaskTools { state: &self.state, who: &who }.extension_cancel(&request.task_id).await;
+        let result = TaskTools { state: &self.state, who }.extension_cancel(&request.task_id).await;
         self.count("tasks/cancel", result.is_ok());
         result
     }
