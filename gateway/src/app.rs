@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{self, AuthState};
 use crate::identity::Identity;
 use crate::mcp::{self, McpService, Scope};
-use crate::metrics::{Metrics, Rejection};
+use crate::metrics::Rejection;
 use crate::state::AppState;
 
 /// Route template of the all-tools endpoint.
@@ -45,8 +45,6 @@ struct McpRoutes {
     state: Arc<AppState>,
     auth: Arc<AuthState>,
     service: McpService,
-    max_body_bytes: usize,
-    metrics: Arc<Metrics>,
 }
 
 /// The public router. `auth` authenticates the MCP routes (not the ops routes).
@@ -69,13 +67,8 @@ pub fn app_with(
 ) -> Router {
     // The middleware gets the state behind one `Arc`: it is cloned for every request.
     let shared = Arc::new(state.clone());
-    let routes = Arc::new(McpRoutes {
-        state: shared.clone(),
-        auth,
-        service: mcp::service(state.clone(), stream_cancel),
-        max_body_bytes: state.settings.limits.max_body_bytes,
-        metrics: state.metrics.clone(),
-    });
+    let routes =
+        Arc::new(McpRoutes { state: shared.clone(), auth, service: mcp::service(state.clone(), stream_cancel) });
     let mcp_router =
         Router::new().route(MCP_PATH, any(mcp_all)).route(TOOLSET_MCP_PATH, any(mcp_toolset)).with_state(routes);
     let ops = if state.settings.metrics_on_public { ops_router(state.clone()) } else { health_router(state.clone()) };
@@ -151,13 +144,13 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
     }
     let (parts, body) = request.into_parts();
     let json_body = mcp::declares_json(&parts.headers);
-    let bytes = match read_body(body, routes.max_body_bytes).await {
+    let bytes = match read_body(body, routes.state.settings.limits.max_body_bytes).await {
         Ok(bytes) => bytes,
         Err(BodyError::Unreadable) => {
             return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
         }
         Err(BodyError::TooLarge) => {
-            routes.metrics.admission_rejected(Rejection::BodyTooLarge);
+            routes.state.metrics.admission_rejected(Rejection::BodyTooLarge);
             return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response();
         }
     };
