@@ -137,19 +137,35 @@ async fn toolcall_becomes_a_hardened_job_and_succeeds() {
     }
     assert!(!controller_fields.contains("f:result"), "controller never owns result: {controller_fields}");
 
-    // Events on the transitions.
-    let events = Api::<Event>::namespaced(client.clone(), &ns).list(&ListParams::default()).await.unwrap();
-    let reasons: Vec<&str> = events
-        .items
-        .iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("call-ok"))
-        .filter_map(|e| e.reason.as_deref())
-        .collect();
-    for r in ["JobCreated", "Running", "Succeeded"] {
-        assert!(reasons.contains(&r), "event {r} in {reasons:?}");
-    }
+    // Events on the transitions. An event is recorded after the status it reports, so the last
+    // one may land just after the status was read above.
+    let events = Api::<Event>::namespaced(client.clone(), &ns);
+    let reasons = || async {
+        let list = events.list(&ListParams::default()).await?;
+        let reasons: Vec<String> = list
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("call-ok"))
+            .filter_map(|e| e.reason)
+            .collect();
+        anyhow::Ok(reasons)
+    };
+    let expected = ["JobCreated", "Running", "Succeeded"];
+    let recorded = toolyard_tests::wait_until(WAIT, "the transition events", || async {
+        let reasons = reasons().await?;
+        Ok(expected.iter().all(|r| reasons.iter().any(|got| got == r)))
+    })
+    .await;
+    let reasons = reasons().await.unwrap();
+    assert!(recorded.is_ok(), "events {expected:?} in {reasons:?}");
+    // The outcome is counted just after its event is recorded.
+    let succeeded = "toolyard_controller_runs_total{kind=\"ToolCall\",outcome=\"Succeeded\"} 1";
+    let counted = toolyard_tests::wait_until(WAIT, "the outcome to be counted", || async {
+        Ok(controller.scrape("/metrics").await.1.contains(succeeded))
+    })
+    .await;
     let (_, metrics) = controller.scrape("/metrics").await;
-    assert!(metrics.contains("toolyard_controller_runs_total{kind=\"ToolCall\",outcome=\"Succeeded\"} 1"), "{metrics}");
+    assert!(counted.is_ok(), "{succeeded} in {metrics}");
     assert!(metrics.contains("toolyard_controller_job_creation_latency_seconds_count{kind=\"ToolCall\"} 1"));
     assert!(metrics.contains("toolyard_controller_job_start_latency_seconds_count{kind=\"ToolCall\"} 1"));
     controller.stop().await;
