@@ -352,18 +352,24 @@ fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
 
 /// A build of this bench (this one or `TOOLYARD_BENCH_BASELINE_EXE`) in `role`.
 fn spawn_exe(exe: &std::path::Path, role: &str, namespace: &str) -> (Killed, String) {
+    let (child, line) = spawn_role(exe, role, &[(NAMESPACE, namespace)]);
+    let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
+    (child, addr)
+}
+
+/// `exe` in `role` with `env`, and the first line it prints (once it is ready).
+fn spawn_role(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (Killed, String) {
     let mut child = Command::new(exe)
         .env(ROLE, role)
-        .env(NAMESPACE, namespace)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("server process");
+        .unwrap_or_else(|e| panic!("starting the {role} process: {e}"));
     let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("address line");
-    let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
-    (Killed(child), addr)
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
+    (Killed(child), line)
 }
 
 /// The median; of an even count, the mean of the two middle values.
@@ -376,16 +382,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// [`run_idle_spinner_process`] in a process of its own (its CPU is no server's), running once
 /// this returns.
 fn spawn_idle_spinner() -> Killed {
-    let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .env(ROLE, "idle-spinner")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spinner process");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("spinner line");
+    let (child, line) = spawn_role(&std::env::current_exe().expect("exe"), "idle-spinner", &[]);
     assert!(line.starts_with("spinning"), "spinner: {line}");
-    Killed(child)
+    child
 }
 
 async fn wait_ready(target: &Target) {

@@ -111,6 +111,7 @@ pub async fn authenticate(state: &AuthState, request: &mut Request) -> Result<()
     Ok(())
 }
 
+/// Builds the `WWW-Authenticate` challenges of one request.
 struct Challenge {
     metadata_url: Option<String>,
     scope: String,
