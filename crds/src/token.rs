@@ -65,6 +65,12 @@ impl SigningKey {
         <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
     }
 
+    /// A key of exactly these bytes, e.g. freshly drawn random ones. Unlike [`SigningKey::new`]
+    /// nothing is stripped: random bytes may end in a newline.
+    pub fn from_bytes(bytes: [u8; MIN_KEY_LEN]) -> Self {
+        Self(bytes.to_vec())
+    }
+
     /// A key for one purpose (e.g. one warm pool), derived as HMAC(self, purpose). Holders of a
     /// derived key cannot mint tokens the parent key accepts.
     pub fn derive(&self, purpose: &str) -> SigningKey {
@@ -215,6 +221,17 @@ mod tests {
         assert_eq!(SigningKey::from_hex("zz").unwrap_err(), TokenError::NotHex);
         assert_eq!(SigningKey::from_hex("abc").unwrap_err(), TokenError::NotHex);
         assert_eq!(SigningKey::from_hex("ab").unwrap_err(), TokenError::WeakKey(1));
+    }
+
+    #[test]
+    fn raw_key_bytes_are_kept_whole_even_when_they_end_in_a_newline() {
+        let mut bytes = [5u8; MIN_KEY_LEN];
+        bytes[MIN_KEY_LEN - 1] = b'\n';
+        let raw = SigningKey::from_bytes(bytes);
+        assert_eq!(raw.to_hex(), hex::encode(bytes));
+        assert_eq!(raw.verify(&raw.sign(&claims()), 1_000).unwrap(), claims());
+        // As file contents the same bytes lose their newline and are too short.
+        assert_eq!(SigningKey::new(bytes.to_vec()).unwrap_err(), TokenError::WeakKey(MIN_KEY_LEN - 1));
     }
 
     #[test]

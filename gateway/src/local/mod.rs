@@ -182,7 +182,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let internal_url = format!("http://{}", internal_socket.local_addr()?);
 
     // A fresh master key per start: runner tokens live no longer than this process.
-    let key = SigningKey::new(rand::random::<[u8; 32]>().to_vec()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let key = SigningKey::from_bytes(rand::random());
     let background = CancellationToken::new();
     let task_settings = LocalTaskSettings {
         runner: runner.clone(),
