@@ -72,6 +72,9 @@ impl Executor for InstantExecutor {
 }
 
 fn main() {
+    if std::env::var_os(ROLE).is_some() {
+        exit_when_stdin_closes();
+    }
     match std::env::var(ROLE).as_deref() {
         Ok("gateway") => return run_gateway_process(),
         Ok("floor") => return run_floor_process(),
@@ -151,6 +154,16 @@ fn run_floor_process() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         println!("listening on {}", listener.local_addr().expect("addr"));
         axum::serve(listener, router).await.expect("serve");
+    });
+}
+
+/// Ends this role process once its standard input closes. The bench holds the other end of
+/// that pipe (see [`spawn_role`]), so a role ends with the bench however the bench ends, even
+/// killed with SIGKILL, when no `Drop` runs: a spinner left behind would keep every CPU busy.
+fn exit_when_stdin_closes() {
+    std::thread::spawn(|| {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        std::process::exit(0);
     });
 }
 
@@ -357,12 +370,15 @@ fn spawn_exe(exe: &std::path::Path, role: &str, namespace: &str) -> (Killed, Str
     (child, addr)
 }
 
-/// `exe` in `role` with `env`, and the first line it prints (once it is ready).
+/// `exe` in `role` with `env`, and the first line it prints (once it is ready). The child's
+/// standard input is a pipe whose write end stays in the returned [`Child`]: the role ends when
+/// it closes (see [`exit_when_stdin_closes`]).
 fn spawn_role(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (Killed, String) {
     let mut child = Command::new(exe)
         .env(ROLE, role)
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -433,6 +449,7 @@ async fn run_benchmark() {
     let python = Command::new(python_with_mcp())
         .arg(repo_path("tests/benches/python/fastmcp_server.py"))
         .arg(port.to_string())
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

@@ -257,6 +257,10 @@ impl ApiKeySource {
     }
 }
 
+/// How long a changed key document must read the same before a reload takes it (see
+/// [`ApiKeyAuthenticator::reload`]).
+pub const SETTLE: Duration = Duration::from_millis(200);
+
 /// Authenticates `ty_...` bearer tokens against configured key hashes.
 pub struct ApiKeyAuthenticator {
     keys: RwLock<Arc<Vec<ApiKey>>>,
@@ -287,9 +291,14 @@ impl ApiKeyAuthenticator {
 
     /// Reads the source again; on error the current keys stay. Returns whether they changed.
     ///
-    /// An empty document while keys are in force is refused as an error: it is what a reload
-    /// reads in the middle of a file rewritten in place (truncated, then written), and taking
-    /// it would revoke every key until the next reload. `keys: []` revokes them all.
+    /// A file rewritten in place (truncated, then written) can be read half written, so a
+    /// reload guards against taking such a read:
+    /// - An empty document while keys are in force is refused as an error: taking it would
+    ///   revoke every key until the next reload. `keys: []` revokes them all.
+    /// - A changed document is taken only if it reads the same again [`SETTLE`] later. A
+    ///   document cut after its second key still parses, and taking it would revoke the keys
+    ///   after the cut. One that changed in between is refused as an error; the next reload
+    ///   reads it again.
     pub async fn reload(&self) -> Result<bool, ApiKeyError> {
         let Some(source) = &self.source else { return Ok(false) };
         let text = source.read().await?;
@@ -300,12 +309,19 @@ impl ApiKeyAuthenticator {
             });
         }
         let keys = parse_keys(&text, &source.describe())?;
-        let changed = *self.current() != keys;
-        if changed {
-            tracing::info!(source = %source.describe(), keys = keys.len(), "API keys reloaded");
-            *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+        if *self.current() == keys {
+            return Ok(false);
         }
-        Ok(changed)
+        tokio::time::sleep(SETTLE).await;
+        if source.read().await? != text {
+            return Err(ApiKeyError::Parse {
+                origin: source.describe(),
+                message: "changed while being read (a file being rewritten?); the next reload reads it again".into(),
+            });
+        }
+        tracing::info!(source = %source.describe(), keys = keys.len(), "API keys reloaded");
+        *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+        Ok(true)
     }
 
     /// Reloads every `interval` until `shutdown`, logging (and keeping the old keys) on errors.

@@ -35,8 +35,9 @@ pub struct AuthArgs {
     #[arg(long, env = "TOOLYARD_API_KEYS_SECRET_KEY", default_value = "keys.yaml")]
     pub api_keys_secret_key: String,
     /// Re-read the API key file/Secret this often (0: never). A document that fails to parse,
-    /// or an empty one while keys are in force, keeps the previous keys (`keys: []` revokes
-    /// them all).
+    /// an empty one while keys are in force (`keys: []` revokes them all), or a changed one that
+    /// does not read the same again 200 ms later (a file being rewritten) keeps the previous
+    /// keys.
     #[arg(long, env = "TOOLYARD_API_KEYS_RELOAD_SECONDS", default_value_t = 30)]
     pub api_keys_reload_seconds: u64,
 

@@ -3,9 +3,14 @@
 stateless Streamable HTTP with JSON responses (the gateway's own mode).
 
 Usage: fastmcp_server.py PORT
+
+The server exits when its standard input closes: the bench holds the other end, so the server
+ends with the bench however the bench ends.
 """
 
+import os
 import sys
+import threading
 
 from mcp.server.mcpserver import MCPServer
 
@@ -18,5 +23,11 @@ def price_option(x: float) -> dict:
     return {"echo": {"x": x}}
 
 
+def exit_when_stdin_closes() -> None:
+    sys.stdin.buffer.read()
+    os._exit(0)
+
+
 if __name__ == "__main__":
+    threading.Thread(target=exit_when_stdin_closes, daemon=True).start()
     server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]), json_response=True, stateless_http=True)
