@@ -37,6 +37,22 @@ if [[ ! -x $VENV/bin/python || ! -f $VENV/.stamp || $(cat "$VENV/.stamp") != $(s
 fi
 export TOOLYARD_TEST_PYTHON=$VENV/bin/python
 
+step "build cache in $CARGO_TARGET_DIR"
+# Every checkout (each fresh clone in CI) builds its own copies of the workspace crates, so
+# the shared target folder only grows: above TOOLYARD_CACHE_MAX_GB it is emptied, and this
+# build is cold. Incremental data serves only the checkout that wrote it, so CI writes none.
+MAX_GB=${TOOLYARD_CACHE_MAX_GB:-50}
+if [[ -d $CARGO_TARGET_DIR ]]; then
+  USED_GB=$(($(du -sk "$CARGO_TARGET_DIR" | cut -f1) / 1024 / 1024))
+  if ((USED_GB > MAX_GB)); then
+    echo "it holds $USED_GB GB, more than TOOLYARD_CACHE_MAX_GB=$MAX_GB: emptying it (this build is cold)" >&2
+    rm -rf "$CARGO_TARGET_DIR"
+  fi
+fi
+if [[ ${CI:-} == true ]]; then
+  export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+fi
+
 step "formatting and lints"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
