@@ -38,9 +38,9 @@ fi
 export TOOLYARD_TEST_PYTHON=$VENV/bin/python
 
 step "build cache in $CARGO_TARGET_DIR"
-# Every checkout (each fresh clone in CI) builds its own copies of the workspace crates, so
-# the shared target folder only grows: above TOOLYARD_CACHE_MAX_GB it is emptied, and this
-# build is cold. Incremental data serves only the checkout that wrote it, so CI writes none.
+# Cargo never removes older builds from the target folder (each change of a dependency or of
+# a crate's features adds new ones), so it only grows: above TOOLYARD_CACHE_MAX_GB it is
+# emptied, and this build is cold. CI builds its clone once: it writes no incremental data.
 MAX_GB=${TOOLYARD_CACHE_MAX_GB:-50}
 if [[ -d $CARGO_TARGET_DIR ]]; then
   USED_GB=$(($(du -sk "$CARGO_TARGET_DIR" | cut -f1) / 1024 / 1024))
