@@ -10,7 +10,10 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> Result<()> {
     let config = Config::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn"));
-    let subscriber = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: a pod's log or a file gets no escape codes.
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     if config.log_json {
         subscriber.json().init();
     } else {

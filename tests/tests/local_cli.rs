@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use toolyard_tests::local::{self, TempDir};
 use toolyard_tests::repo_path;
 
@@ -41,8 +41,16 @@ async fn fails_with(mut command: tokio::process::Command) -> String {
 #[tokio::test]
 async fn it_prints_how_to_connect_serves_healthz_and_refuses_a_second_instance() {
     let data = TempDir::new("local-cli");
-    let mut first =
-        gateway(&data, &["--listen", "127.0.0.1:0", "--token", TOKEN]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut first = gateway(&data, &["--listen", "127.0.0.1:0", "--token", TOKEN])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = first.stderr.take().unwrap();
+    let logs = tokio::spawn(async move {
+        let mut logs = String::new();
+        stderr.read_to_string(&mut logs).await.map(|_| logs)
+    });
     let mut lines = BufReader::new(first.stdout.take().unwrap()).lines();
     let mut printed = String::new();
     while !printed.contains("Stop with Ctrl-C") {
@@ -83,6 +91,9 @@ async fn it_prints_how_to_connect_serves_healthz_and_refuses_a_second_instance()
         .unwrap();
     let status = tokio::time::timeout(Duration::from_secs(30), first.wait()).await.expect("stops on SIGTERM").unwrap();
     assert!(status.success(), "{status}");
+    // Logs to a pipe (or a file, or a pod's log) carry no terminal colour codes.
+    let logs = logs.await.unwrap().unwrap();
+    assert!(logs.contains("listening") && !logs.contains('\x1b'), "{logs:?}");
 }
 
 #[tokio::test]
