@@ -1,0 +1,148 @@
+//! Every crate in `Cargo.lock` (the product's and the tests' dependencies) is under a licence
+//! that lets anyone use it: its SPDX expression must be satisfiable with permissive licences
+//! alone. A copyleft or source-available dependency (AGPL, GPL, SSPL, BUSL, ...) fails this
+//! test with the crate's name, unless the expression offers a permissive choice.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Licences a dependency may be used under.
+const PERMISSIVE: &[&str] = &[
+    "0BSD",
+    "Apache-2.0",
+    "BSD-2-Clause",
+    "BSD-3-Clause",
+    "BSL-1.0",
+    "CC0-1.0",
+    "CDLA-Permissive-2.0",
+    "ISC",
+    "MIT",
+    "MIT-0",
+    "MPL-2.0",
+    "Unicode-3.0",
+    "Unicode-DFS-2016",
+    "Unlicense",
+    "Zlib",
+];
+
+/// Licence exceptions (`WITH ...`) that only grant more.
+const EXCEPTIONS: &[&str] = &["LLVM-exception"];
+
+#[test]
+fn every_locked_crate_has_a_permissive_licence() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--manifest-path"])
+        .arg(toolyard_tests::repo_path("Cargo.toml"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let metadata: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    assert!(packages.len() > 100, "cargo metadata lists the whole lock file, not {} crates", packages.len());
+
+    let refused: Vec<String> = packages
+        .iter()
+        .filter(|p| p["source"].is_string()) // the workspace's own crates are ours
+        .filter_map(|p| {
+            let name = format!("{} {}", p["name"].as_str()?, p["version"].as_str()?);
+            match p["license"].as_str() {
+                Some(expr) => match allowed(expr) {
+                    Ok(true) => None,
+                    Ok(false) => Some(format!("{name}: {expr}")),
+                    Err(e) => Some(format!("{name}: {expr:?} ({e})")),
+                },
+                None => Some(format!("{name}: no SPDX licence (only a licence file: check it by hand)")),
+            }
+        })
+        .collect();
+    assert!(refused.is_empty(), "dependencies not under a permissive licence:\n{}", refused.join("\n"));
+}
+
+#[test]
+fn licence_expressions_are_judged_by_their_permissive_choices() {
+    for ok in [
+        "MIT",
+        "MIT OR Apache-2.0",
+        "MIT/Apache-2.0",
+        "Apache-2.0 WITH LLVM-exception OR Apache-2.0 OR MIT",
+        "(MIT OR Apache-2.0) AND Unicode-3.0",
+        "ISC AND (Apache-2.0 OR ISC) AND OpenSSL OR MIT",
+        "MIT OR Apache-2.0 OR LGPL-2.1-or-later",
+    ] {
+        assert_eq!(allowed(ok), Ok(true), "{ok}");
+    }
+    for refused in
+        ["AGPL-3.0-only", "MIT AND GPL-3.0-or-later", "SSPL-1.0 OR BUSL-1.1", "Apache-2.0 WITH Commons-Clause"]
+    {
+        assert_eq!(allowed(refused), Ok(false), "{refused}");
+    }
+    for bad in ["", "MIT OR", "(MIT", "MIT Apache-2.0"] {
+        assert!(allowed(bad).is_err(), "{bad:?} is not an expression");
+    }
+}
+
+/// Whether an SPDX licence expression (with Cargo's old `/` for `OR`) can be met using only
+/// [`PERMISSIVE`] licences and [`EXCEPTIONS`].
+fn allowed(expr: &str) -> Result<bool, String> {
+    let spaced = expr.replace('(', " ( ").replace(')', " ) ").replace('/', " OR ");
+    let tokens: Vec<&str> = spaced.split_whitespace().collect();
+    let mut parser = Parser { tokens: &tokens, at: 0 };
+    let verdict = parser.or()?;
+    match parser.tokens.get(parser.at) {
+        None => Ok(verdict),
+        Some(t) => Err(format!("unexpected {t:?}")),
+    }
+}
+
+/// A recursive-descent reader of licence expressions: `OR` binds looser than `AND`.
+struct Parser<'a> {
+    tokens: &'a [&'a str],
+    at: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn or(&mut self) -> Result<bool, String> {
+        let mut any = self.and()?;
+        while self.eat("OR") {
+            any |= self.and()?;
+        }
+        Ok(any)
+    }
+
+    fn and(&mut self) -> Result<bool, String> {
+        let mut all = self.term()?;
+        while self.eat("AND") {
+            all &= self.term()?;
+        }
+        Ok(all)
+    }
+
+    fn term(&mut self) -> Result<bool, String> {
+        if self.eat("(") {
+            let inner = self.or()?;
+            return if self.eat(")") { Ok(inner) } else { Err("unclosed (".into()) };
+        }
+        let licence =
+            self.next().filter(|t| !["AND", "OR", "WITH", "(", ")"].contains(t)).ok_or("a licence is missing")?;
+        let permitted = PERMISSIVE.contains(&licence);
+        if self.eat("WITH") {
+            let exception = self.next().ok_or("an exception is missing after WITH")?;
+            return Ok(permitted && EXCEPTIONS.contains(&exception));
+        }
+        Ok(permitted)
+    }
+
+    fn next(&mut self) -> Option<&'a str> {
+        let t = self.tokens.get(self.at).copied();
+        self.at += usize::from(t.is_some());
+        t
+    }
+
+    fn eat(&mut self, token: &str) -> bool {
+        let found = self.tokens.get(self.at) == Some(&token);
+        self.at += usize::from(found);
+        found
+    }
+}
