@@ -1,7 +1,8 @@
-//! Every crate in `Cargo.lock` (the product's and the tests' dependencies) is under a licence
-//! that lets anyone use it: its SPDX expression must be satisfiable with permissive licences
-//! alone. A copyleft or source-available dependency (AGPL, GPL, SSPL, BUSL, ...) fails this
-//! test with the crate's name, unless the expression offers a permissive choice.
+//! Every dependency is under a licence that lets anyone use it: every crate in `Cargo.lock`
+//! (the product's and the tests') and every package in the tests' Python environment. Its
+//! SPDX expression must be satisfiable with permissive licences alone: a copyleft or
+//! source-available dependency (AGPL, GPL, SSPL, BUSL, ...) fails these tests with its name,
+//! unless the expression offers a permissive choice.
 
 use std::process::Command;
 
@@ -20,6 +21,7 @@ const PERMISSIVE: &[&str] = &[
     "MIT",
     "MIT-0",
     "MPL-2.0",
+    "PSF-2.0",
     "Unicode-3.0",
     "Unicode-DFS-2016",
     "Unlicense",
@@ -58,6 +60,36 @@ fn every_locked_crate_has_a_permissive_licence() {
         })
         .collect();
     assert!(refused.is_empty(), "dependencies not under a permissive licence:\n{}", refused.join("\n"));
+}
+
+/// Prints each installed distribution as `name version<TAB>licence`: the SPDX
+/// `License-Expression` (PEP 639) or, for packages that predate it, the licences their
+/// classifiers name.
+const LIST_PYTHON_LICENCES: &str = r#"
+import importlib.metadata as md
+SPDX = {"MIT License": "MIT", "BSD License": "BSD-3-Clause", "Apache Software License": "Apache-2.0",
+        "Python Software Foundation License": "PSF-2.0", "ISC License (ISCL)": "ISC"}
+for d in md.distributions():
+    m = d.metadata
+    expr = m.get("License-Expression")
+    if not expr:
+        named = [c.split(" :: ")[-1] for c in m.get_all("Classifier") or [] if c.startswith("License ::")]
+        expr = " OR ".join(SPDX.get(n, n.replace(" ", "_")) for n in named)
+    print(f"{m['Name']} {m['Version']}\t{expr}")
+"#;
+
+#[test]
+fn every_python_test_package_has_a_permissive_licence() {
+    let python = toolyard_tests::local::python();
+    let out = Command::new(&python).args(["-c", LIST_PYTHON_LICENCES]).output().expect("python runs");
+    assert!(out.status.success(), "{python}: {}", String::from_utf8_lossy(&out.stderr));
+    let listing = String::from_utf8(out.stdout).expect("UTF-8");
+    assert!(listing.lines().any(|l| l.starts_with("mcp ")), "{python} is not the tests' environment:\n{listing}");
+    let refused: Vec<&str> = listing
+        .lines()
+        .filter(|line| allowed(line.split_once('\t').map_or("", |(_, expr)| expr)) != Ok(true))
+        .collect();
+    assert!(refused.is_empty(), "Python packages not under a permissive licence:\n{}", refused.join("\n"));
 }
 
 #[test]
