@@ -64,6 +64,12 @@ pub enum ApiKeyError {
         /// The parser's message (names the field and position).
         message: String,
     },
+    /// The document changed between two reads a moment apart (a file being rewritten).
+    #[error("{origin}: changed while being read (a file being rewritten?); the next reload reads it again")]
+    Changing {
+        /// File path or Secret reference.
+        origin: String,
+    },
     /// A field has a bad value.
     #[error("{origin}: {field}: {message}")]
     Field {
@@ -314,10 +320,7 @@ impl ApiKeyAuthenticator {
         }
         tokio::time::sleep(SETTLE).await;
         if source.read().await? != text {
-            return Err(ApiKeyError::Parse {
-                origin: source.describe(),
-                message: "changed while being read (a file being rewritten?); the next reload reads it again".into(),
-            });
+            return Err(ApiKeyError::Changing { origin: source.describe() });
         }
         tracing::info!(source = %source.describe(), keys = keys.len(), "API keys reloaded");
         *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
