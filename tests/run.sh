@@ -52,6 +52,19 @@ fi
 if [[ ${CI:-} == true ]]; then
   export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 fi
+# Cargo judges the workspace's own crates fresh by file times, whatever checkout built them:
+# a checkout whose files are older than another checkout's build would test that build's code
+# (with that checkout's paths compiled in). After a build from another checkout, this
+# checkout's crates are built again; dependencies stay.
+STAMP=$CARGO_TARGET_DIR/.toolyard-checkout
+if [[ -f $STAMP && $(cat "$STAMP") != "$ROOT" ]]; then
+  echo "last built from $(cat "$STAMP"): building this checkout's crates again" >&2
+  mapfile -t MEMBERS < <(cargo metadata --no-deps --format-version 1 --offline |
+    python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))')
+  cargo clean --quiet "${MEMBERS[@]/#/--package=}"
+fi
+mkdir -p "$CARGO_TARGET_DIR"
+echo "$ROOT" >"$STAMP"
 
 step "formatting and lints"
 cargo fmt --all --check
