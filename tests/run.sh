@@ -61,6 +61,7 @@ if [[ -f $STAMP && $(cat "$STAMP") != "$ROOT" ]]; then
   echo "last built from $(cat "$STAMP"): building this checkout's crates again" >&2
   mapfile -t MEMBERS < <(cargo metadata --no-deps --format-version 1 --offline |
     python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))')
+  ((${#MEMBERS[@]})) || fail "cargo metadata listed no workspace crates"
   cargo clean --quiet "${MEMBERS[@]/#/--package=}"
 fi
 mkdir -p "$CARGO_TARGET_DIR"
