@@ -42,6 +42,7 @@ step "build cache in $CARGO_TARGET_DIR"
 # a crate's features adds new ones), so it only grows: above TOOLYARD_CACHE_MAX_GB it is
 # emptied, and this build is cold. CI builds its clone once: it writes no incremental data.
 MAX_GB=${TOOLYARD_CACHE_MAX_GB:-50}
+[[ $MAX_GB =~ ^[0-9]+$ ]] || fail "TOOLYARD_CACHE_MAX_GB must be a whole number of GB, not '$MAX_GB'"
 if [[ -d $CARGO_TARGET_DIR ]]; then
   USED_GB=$(($(du -sk "$CARGO_TARGET_DIR" | cut -f1) / 1024 / 1024))
   if ((USED_GB > MAX_GB)); then
