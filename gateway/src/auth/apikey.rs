@@ -306,6 +306,11 @@ impl ApiKeyAuthenticator {
     ///   after the cut. One that changed in between is refused as an error; the next reload
     ///   reads it again.
     pub async fn reload(&self) -> Result<bool, ApiKeyError> {
+        self.reload_after(tokio::time::sleep(SETTLE)).await
+    }
+
+    /// [`Self::reload`], awaiting `pause` between the two reads of a changed document.
+    async fn reload_after(&self, pause: impl Future<Output = ()>) -> Result<bool, ApiKeyError> {
         let Some(source) = &self.source else { return Ok(false) };
         let text = source.read().await?;
         if text.trim().is_empty() && !self.current().is_empty() {
@@ -318,7 +323,7 @@ impl ApiKeyAuthenticator {
         if *self.current() == keys {
             return Ok(false);
         }
-        tokio::time::sleep(SETTLE).await;
+        pause.await;
         if source.read().await? != text {
             return Err(ApiKeyError::Changing { origin: source.describe() });
         }
@@ -436,6 +441,44 @@ mod tests {
             assert!(err.starts_with("keys.yaml: "), "{err}");
             assert!(err.contains(field), "{err} should name {field}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_key_file_read_half_written_is_not_taken() {
+        let dir = std::env::temp_dir().join(format!("toolyard-apikey-settle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("keys.yaml");
+        let keys: Vec<(String, String)> = (0..3).map(|_| generate_api_key()).collect();
+        let doc = |users: &[&str]| {
+            let mut doc = String::from("keys:\n");
+            for (user, (_, hash)) in users.iter().zip(&keys) {
+                doc.push_str(&format!("  - user: {user}\n    sha256: {hash}\n"));
+            }
+            doc
+        };
+        std::fs::write(&path, doc(&["alice"])).expect("write");
+        let auth = ApiKeyAuthenticator::load(ApiKeySource::File(path.clone())).await.expect("keys");
+        let user = |key: &str| {
+            let auth = &auth;
+            let key = key.to_owned();
+            async move { auth.authenticate(&key).await.map(|id| id.map(|id| id.user)) }
+        };
+
+        // A rewrite in place that adds bob and carol: the reload reads it when only bob is
+        // written (a document that parses), and the writer finishes before the second read.
+        std::fs::write(&path, doc(&["alice", "bob"])).expect("first half");
+        let finish = async { std::fs::write(&path, doc(&["alice", "bob", "carol"])).expect("the rest") };
+        let e = auth.reload_after(finish).await.expect_err("a document that changed is not taken").to_string();
+        assert!(e.contains(&path.display().to_string()) && e.contains("changed while being read"), "{e}");
+        assert_eq!(user(&keys[0].0).await, Ok(Some("alice".to_owned())));
+        assert_eq!(user(&keys[1].0).await.expect_err("bob not yet").reason, reason::INVALID);
+
+        // The next reload reads the whole document twice alike and takes it.
+        assert!(auth.reload_after(async {}).await.expect("reloaded"), "the keys changed");
+        for ((key, _), name) in keys.iter().zip(["alice", "bob", "carol"]) {
+            assert_eq!(user(key).await, Ok(Some(name.to_owned())));
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
