@@ -8,12 +8,12 @@
 //! ```
 //!
 //! An MCP request passes, in order: shutdown refusal and the global HTTP limit (503 +
-//! `Retry-After`), the declared body size (413), authentication ([`auth::authenticate`]: it
-//! puts an [`Identity`] into the request extensions or answers 400/401/403/503), the per-user
-//! HTTP limit (429 + `Retry-After`), then the MCP service. These steps run in the route's
-//! handler, one after the other, rather than as one router layer each: a layer costs every
-//! request a boxed future and a boxed service clone per route. Every route is counted in the
-//! metrics.
+//! `Retry-After`), the declared body size (413), authentication ([`auth::authenticate`]: the
+//! caller's [`Identity`](crate::identity::Identity), or an answer 400/401/403/503), the
+//! per-user HTTP limit (429 + `Retry-After`), then the MCP service, which finds the identity in
+//! the request extensions. These steps run in the route's handler, one after the other, rather
+//! than as one router layer each: a layer costs every request a boxed future and a boxed
+//! service clone per route. Every route is counted in the metrics.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -30,7 +30,6 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{self, AuthState};
-use crate::identity::Identity;
 use crate::mcp::{self, McpService, Scope};
 use crate::metrics::Rejection;
 use crate::state::AppState;
@@ -117,11 +116,9 @@ async fn admit(routes: &McpRoutes, mut request: Request, scope: Option<Scope>) -
             return busy_response(state, StatusCode::SERVICE_UNAVAILABLE, "too many requests in flight");
         }
     };
-    if let Err(refusal) = auth::authenticate(&routes.auth, &mut request).await {
-        return refusal;
-    }
-    let Some(identity) = request.extensions().get::<Identity>() else {
-        return (StatusCode::INTERNAL_SERVER_ERROR, "no identity after authentication\n").into_response();
+    let identity = match auth::authenticate(&routes.auth, &mut request).await {
+        Ok(identity) => identity,
+        Err(refusal) => return refusal,
     };
     let _user_permit = match state.limits.try_admit_http_user(identity.owner_key().as_str()) {
         Ok(p) => p,
@@ -131,6 +128,7 @@ async fn admit(routes: &McpRoutes, mut request: Request, scope: Option<Scope>) -
         }
     };
     let Some(scope) = scope else { return not_found().await };
+    request.extensions_mut().insert(identity);
     request.extensions_mut().insert(scope);
     forward(routes, request).await
 }

@@ -75,14 +75,18 @@ pub fn bearer_token(headers: &HeaderMap) -> Result<Option<&str>, AuthError> {
 /// `axum::middleware::from_fn_with_state(Arc<AuthState>, require_identity)`.
 pub async fn require_identity(State(state): State<Arc<AuthState>>, mut request: Request, next: Next) -> Response {
     match authenticate(&state, &mut request).await {
-        Ok(()) => next.run(request).await,
+        Ok(identity) => {
+            request.extensions_mut().insert(identity);
+            next.run(request).await
+        }
         Err(refusal) => refusal,
     }
 }
 
-/// Authenticates `request`: on success its [`Identity`] is in the request extensions and its
-/// `Authorization` header is gone; otherwise the answer to send (see the module docs).
-pub async fn authenticate(state: &AuthState, request: &mut Request) -> Result<(), Response> {
+/// Authenticates `request`: on success the caller's [`Identity`] (for the caller to put into
+/// the request extensions, where the MCP service looks for it), with the `Authorization`
+/// header removed from the request; otherwise the answer to send (see the module docs).
+pub async fn authenticate(state: &AuthState, request: &mut Request) -> Result<Identity, Response> {
     // Built only for a refusal: an accepted request needs no challenge.
     let challenge = |request: &Request| {
         let path = request.extensions().get::<OriginalUri>().map_or_else(|| request.uri().path(), |u| u.0.path());
@@ -107,8 +111,7 @@ pub async fn authenticate(state: &AuthState, request: &mut Request) -> Result<()
         return Err(challenge(request).insufficient_scope());
     }
     request.headers_mut().remove(header::AUTHORIZATION);
-    request.extensions_mut().insert(identity);
-    Ok(())
+    Ok(identity)
 }
 
 /// Builds the `WWW-Authenticate` challenges of one request.
