@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The one command that runs every test of the repository:
 #   Rust formatting and lints, Rust unit and integration tests (against a real kube-apiserver,
-#   kube-controller-manager and S3 server started here), Python tests, chart checks.
+#   kube-controller-manager, a real node and an S3 server started here), Python tests, chart
+#   checks.
 #
-# It installs what it needs (test control plane binaries, the S3 server, a Python venv) into
+# It installs what it needs (test cluster binaries, the S3 server, a Python venv) into
 # $HOME/.cache/toolyard (TOOLYARD_CACHE), skips what is already there, starts the test cluster
-# on random loopback ports and stops it on exit. Cargo output goes to
-# $HOME/.cache/toolyard/target (CARGO_TARGET_DIR) so reruns are fast.
-set -euo pipefail
+# and stops it on exit. Cargo output goes to $HOME/.cache/toolyard/target (CARGO_TARGET_DIR)
+# so reruns are fast.
+#
+# Every suite runs even when an earlier one failed (a suite whose prerequisite failed is
+# reported as not run); the command then fails with a summary naming each failed suite.
+set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -15,84 +19,166 @@ export TOOLYARD_CACHE=${TOOLYARD_CACHE:-$HOME/.cache/toolyard}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$TOOLYARD_CACHE/target}
 export TOOLYARD_CLUSTER_RUN=${TOOLYARD_CLUSTER_RUN:-$(mktemp -d "${TMPDIR:-/tmp}/toolyard-test-XXXXXX")}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+LOGS=$TOOLYARD_CLUSTER_RUN/run-logs
+mkdir -p "$LOGS"
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 fail() { echo "tests/run.sh: $*" >&2; exit 1; }
 
+REPORT=()
+FAILED=()
+# suite <name> <command...>: runs the command in a subshell that stops at its first failing
+# line, records the outcome and returns its status. Call it as a plain command (not after
+# `if`, `!`, `&&` or `||`, where bash ignores `set -e` in everything it runs).
+suite() {
+  local name=$1 t0=$SECONDS rc
+  shift
+  step "$name"
+  (set -e; "$@")
+  rc=$?
+  if ((rc == 0)); then
+    REPORT+=("ok       $name ($((SECONDS - t0)) s)")
+  else
+    REPORT+=("FAILED   $name ($((SECONDS - t0)) s)")
+    FAILED+=("$name")
+  fi
+  return $rc
+}
+# not_run <name> <why>: a suite that could not run counts as failed.
+not_run() {
+  REPORT+=("NOT RUN  $1: $2")
+  FAILED+=("$1 (not run: $2)")
+  step "$1: not run ($2)"
+}
+
+summary() {
+  printf '\n==> summary (%d s)\n' "$SECONDS" >&2
+  printf '    %s\n' "${REPORT[@]}" >&2
+  if ((${#FAILED[@]})); then
+    printf '\ntests/run.sh: %d suite(s) failed:\n' "${#FAILED[@]}" >&2
+    printf '    %s\n' "${FAILED[@]}" >&2
+    return 1
+  fi
+  printf '\n==> all tests passed\n' >&2
+}
+
 for tool in cargo python3 go openssl curl; do
-  command -v "$tool" >/dev/null 2>&1 || fail "$tool is required (see README: Prerequisites)"
+  command -v "$tool" >/dev/null 2>&1 || fail "$tool is required (see docs/testing.md: Prerequisites)"
 done
 
-step "test control plane binaries (cached in $TOOLYARD_CACHE)"
-tests/cluster/build.sh all
+# --- tools ------------------------------------------------------------------------------
+tools_cluster() { tests/cluster/build.sh all >/dev/null; }
+suite "tools: test cluster binaries (cached in $TOOLYARD_CACHE)" tools_cluster
+TOOLS_OK=$?
 
-step "Python venv with test dependencies"
 VENV=$TOOLYARD_CACHE/venv
-REQS=tests/python-requirements.txt
-if [[ ! -x $VENV/bin/python || ! -f $VENV/.stamp || $(cat "$VENV/.stamp") != $(sha256sum "$REQS" | cut -c1-64) ]]; then
-  rm -rf "$VENV"
-  python3 -m venv "$VENV" || fail "python3 -m venv failed (Debian: apt install python3-venv)"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$REQS" || fail "pip install -r $REQS failed"
-  sha256sum "$REQS" | cut -c1-64 >"$VENV/.stamp"
-fi
+tools_venv() {
+  local reqs=tests/python-requirements.txt
+  if [[ ! -x $VENV/bin/python || ! -f $VENV/.stamp || $(cat "$VENV/.stamp") != $(sha256sum "$reqs" | cut -c1-64) ]]; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV" || fail "python3 -m venv failed (Debian: apt install python3-venv)"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$reqs" || fail "pip install -r $reqs failed"
+    sha256sum "$reqs" | cut -c1-64 >"$VENV/.stamp"
+  fi
+}
+suite "tools: Python venv with test dependencies" tools_venv
+VENV_OK=$?
 export TOOLYARD_TEST_PYTHON=$VENV/bin/python
 
-step "build cache in $CARGO_TARGET_DIR"
-# Cargo never removes older builds from the target folder (each change of a dependency or of
-# a crate's features adds new ones), so it only grows: above TOOLYARD_CACHE_MAX_GB it is
-# emptied, and this build is cold. CI builds its clone once: it writes no incremental data.
-MAX_GB=${TOOLYARD_CACHE_MAX_GB:-50}
-[[ $MAX_GB =~ ^[0-9]+$ ]] || fail "TOOLYARD_CACHE_MAX_GB must be a whole number of GB, not '$MAX_GB'"
-if [[ -d $CARGO_TARGET_DIR ]]; then
-  USED_GB=$(($(du -sk "$CARGO_TARGET_DIR" | cut -f1) / 1024 / 1024))
-  if ((USED_GB > MAX_GB)); then
-    echo "it holds $USED_GB GB, more than TOOLYARD_CACHE_MAX_GB=$MAX_GB: emptying it (this build is cold)" >&2
-    rm -rf "$CARGO_TARGET_DIR"
+# --- Rust build -------------------------------------------------------------------------
+cargo_cache() {
+  # Cargo never removes older builds from the target folder (each change of a dependency or
+  # of a crate's features adds new ones), so it only grows: above TOOLYARD_CACHE_MAX_GB it is
+  # emptied, and this build is cold.
+  local max_gb=${TOOLYARD_CACHE_MAX_GB:-50} used_gb stamp members
+  [[ $max_gb =~ ^[0-9]+$ ]] || fail "TOOLYARD_CACHE_MAX_GB must be a whole number of GB, not '$max_gb'"
+  if [[ -d $CARGO_TARGET_DIR ]]; then
+    used_gb=$(($(du -sk "$CARGO_TARGET_DIR" | cut -f1) / 1024 / 1024))
+    if ((used_gb > max_gb)); then
+      echo "it holds $used_gb GB, more than TOOLYARD_CACHE_MAX_GB=$max_gb: emptying it (this build is cold)" >&2
+      rm -rf "$CARGO_TARGET_DIR"
+    fi
   fi
+  # Every crate of Cargo.lock, for every platform: the licence check reads them all, and the
+  # later steps need no network.
+  cargo fetch --locked --quiet
+  # Cargo judges the workspace's own crates fresh by file times, whatever checkout built
+  # them: after a build from another checkout, this checkout's crates are built again.
+  stamp=$CARGO_TARGET_DIR/.toolyard-checkout
+  if [[ -f $stamp && $(cat "$stamp") != "$ROOT" ]]; then
+    echo "last built from $(cat "$stamp"): building this checkout's crates again" >&2
+    mapfile -t members < <(cargo metadata --no-deps --format-version 1 --offline |
+      python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))')
+    ((${#members[@]})) || fail "cargo metadata listed no workspace crates"
+    cargo clean --quiet "${members[@]/#/--package=}"
+  fi
+  mkdir -p "$CARGO_TARGET_DIR"
+  echo "$ROOT" >"$stamp"
+}
+# CI builds its clone once: it writes no incremental data.
+[[ ${CI:-} == true ]] && export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+suite "crates: download and build cache in $CARGO_TARGET_DIR" cargo_cache
+CRATES_OK=$?
+
+if ((CRATES_OK == 0)); then
+  suite "formatting (cargo fmt --check)" cargo fmt --all --check
+  suite "lints (cargo clippy -D warnings)" cargo clippy --workspace --all-targets --quiet -- -D warnings
+  build() {
+    cargo build --workspace --bins --quiet
+    cargo test --workspace --no-run --quiet
+  }
+  suite "build" build
+  BUILD_OK=$?
+else
+  not_run "formatting, lints and build" "the crates could not be downloaded"
+  BUILD_OK=1
 fi
-if [[ ${CI:-} == true ]]; then
-  export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+
+# --- the test cluster and the Rust tests ------------------------------------------------
+CLUSTER_OK=1
+if ((TOOLS_OK == 0)); then
+  trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN"' EXIT
+  suite "test cluster: start (in $TOOLYARD_CLUSTER_RUN)" tests/cluster/cluster.sh start
+  CLUSTER_OK=$?
+else
+  not_run "test cluster: start" "its binaries could not be built"
 fi
-# Cargo judges the workspace's own crates fresh by file times, whatever checkout built them:
-# a checkout whose files are older than another checkout's build would test that build's code
-# (with that checkout's paths compiled in). After a build from another checkout, this
-# checkout's crates are built again; dependencies stay.
-STAMP=$CARGO_TARGET_DIR/.toolyard-checkout
-if [[ -f $STAMP && $(cat "$STAMP") != "$ROOT" ]]; then
-  echo "last built from $(cat "$STAMP"): building this checkout's crates again" >&2
-  mapfile -t MEMBERS < <(cargo metadata --no-deps --format-version 1 --offline |
-    python3 -c 'import json, sys; print("\n".join(p["name"] for p in json.load(sys.stdin)["packages"]))')
-  ((${#MEMBERS[@]})) || fail "cargo metadata listed no workspace crates"
-  cargo clean --quiet "${MEMBERS[@]/#/--package=}"
+
+rust_tests() {
+  # --no-fail-fast runs every test target; the failed ones are named in the summary.
+  cargo test --workspace --quiet --no-fail-fast 2>&1 | tee "$LOGS/cargo-test.log"
+}
+if ((BUILD_OK != 0)); then
+  not_run "Rust tests" "the build failed"
+elif ((CLUSTER_OK != 0)); then
+  not_run "Rust tests" "the test cluster did not start"
+else
+  suite "Rust tests" rust_tests
+  # cargo lists the failed targets after "error: N targets failed:".
+  while read -r target; do
+    FAILED+=("    Rust test target $target")
+  done < <(sed -n '/targets\{0,1\} failed:/,$p' "$LOGS/cargo-test.log" | grep -o '`[^`]*`' | tr -d '`')
 fi
-mkdir -p "$CARGO_TARGET_DIR"
-echo "$ROOT" >"$STAMP"
 
-step "formatting and lints"
-cargo fmt --all --check
-cargo clippy --workspace --all-targets --quiet -- -D warnings
+# --- Python and chart -------------------------------------------------------------------
+if ((VENV_OK == 0)); then
+  suite "Python tests" "$VENV/bin/python" -m pytest -q worker-image/python/tests examples/pricing/tests
+else
+  not_run "Python tests" "the Python venv could not be made"
+fi
 
-step "building"
-cargo build --workspace --bins --quiet
-cargo test --workspace --no-run --quiet
-
-step "starting the test cluster in $TOOLYARD_CLUSTER_RUN"
-trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN"' EXIT
-tests/cluster/cluster.sh start
-
-step "Rust tests"
-cargo test --workspace --quiet --no-fail-fast
-
-step "Python tests"
-"$VENV/bin/python" -m pytest -q worker-image/python/tests examples/pricing/tests
-
-if [[ -d charts/toolyard ]]; then
-  step "chart checks"
-  HELM=$(tests/cluster/build.sh path)/helm
-  "$HELM" lint --strict charts/toolyard --kube-version 1.34.4
+chart_checks() {
+  local helm values
+  helm=$(tests/cluster/build.sh path)/helm
+  "$helm" lint --strict charts/toolyard --kube-version 1.34.4
   for values in charts/toolyard/ci/*.yaml; do
-    "$HELM" lint --strict charts/toolyard --kube-version 1.34.4 -f "$values"
+    "$helm" lint --strict charts/toolyard --kube-version 1.34.4 -f "$values"
   done
+}
+if ((TOOLS_OK == 0)); then
+  suite "chart checks (helm lint)" chart_checks
+else
+  not_run "chart checks (helm lint)" "helm could not be built"
 fi
 
-step "all tests passed"
+summary

@@ -35,7 +35,7 @@ const EXCEPTIONS: &[&str] = &["LLVM-exception"];
 fn every_locked_crate_has_a_permissive_licence() {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--manifest-path"])
+        .args(["metadata", "--format-version", "1", "--locked", "--manifest-path"])
         .arg(toolyard_tests::repo_path("Cargo.toml"))
         .output()
         .expect("cargo metadata runs");
