@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
-# Starts and stops the test control plane: etcd, kube-apiserver, kube-controller-manager
-# and the s3s-fs S3 server, all on random loopback ports, with static-token users.
+# Starts and stops the test cluster: a control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler), one real node (containerd with runc, the bridge
+# CNI plugin, kubelet, kube-proxy, kube-router enforcing NetworkPolicies, CoreDNS) and the
+# s3s-fs S3 server, with static-token users.
 #
-#   tests/cluster/cluster.sh start   # builds nothing; run tests/cluster/build.sh first
+#   tests/cluster/cluster.sh start   # builds nothing: run tests/cluster/build.sh and
+#                                    # tests/cluster/images.sh first
 #   tests/cluster/cluster.sh stop
 #
+# Addresses. The node lives in a network namespace of its own, joined to this host by a veth
+# pair in a 10.N.0.0/16 that no route of the host uses: the host end is 10.N.0.1 (the
+# apiserver listens there, and so may test servers that pods must reach), the node end
+# 10.N.0.2; pods get 10.N.1.0/24 on the node's bridge, Services 10.N.2.0/24 (DNS 10.N.2.10).
+# The node's namespace has no other route, so nothing in it can send anywhere else. etcd and
+# S3 listen on 127.0.0.1.
+#
+# Cleanup. Every process runs in one cgroup (the kubelet's cgroupRoot is inside it, so pods
+# are too); the node's mounts are in a mount namespace of its own. `stop` kills the cgroup,
+# deletes the network namespace (its bridge, veths and iptables rules go with it), and checks
+# that no process, mount, link or cgroup is left. A start that fails stops what it started.
+#
 # Writes $RUN/env (shell `export` lines, also read by the Rust test support crate) and one
-# kubeconfig per user. Stops only the processes it started, by PID. A failed start stops
-# whatever it had started.
+# kubeconfig per user. Users (token file): admin (system:masters), alice (groups quants,
+# viewers), bob (group ops), toolyard-controller, toolyard-gateway; the node's own
+# components have their own users.
 #
-# Users (token file): admin (system:masters), alice (groups quants, viewers), bob (group ops),
-# toolyard-controller, toolyard-gateway, system:kube-controller-manager.
-#
-# Environment: TOOLYARD_CLUSTER_RUN (default ${TMPDIR:-/tmp}/toolyard-cluster), TOOLYARD_CACHE.
-set -euo pipefail
+# Environment: TOOLYARD_CLUSTER_RUN (default ${TMPDIR:-/tmp}/toolyard-cluster), TOOLYARD_CACHE,
+# TOOLYARD_IMAGES (the image archive to load; default: the one tests/cluster/images.sh made).
+set -Eeuo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=tests/cluster/lib.sh
+source "$HERE/lib.sh"
 RUN=${TOOLYARD_CLUSTER_RUN:-${TMPDIR:-/tmp}/toolyard-cluster}
+CACHE=${TOOLYARD_CACHE:-$HOME/.cache/toolyard}
+IMAGES=${TOOLYARD_IMAGES:-$CACHE/images/images.tar}
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
+NODE=toolyard-node
 
-die() { echo "tests/cluster/cluster.sh: $*" >&2; exit 1; }
-log() { echo "tests/cluster/cluster.sh: $*" >&2; }
-
-bin_dir() {
-  # The same path build.sh prints; computed without building anything.
-  local d
-  d=$(TOOLYARD_BUILD_DRY_RUN=1 "$HERE/build.sh" path)
-  echo "$d"
-}
+bin_dir() { "$HERE/build.sh" path; }
 
 kubectl_bin() {
   local k
@@ -38,16 +49,12 @@ kubectl_bin() {
 }
 
 freeport() {
-  python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1]);s.close()'
-}
-
-port_free() {
-  python3 -c 'import socket,sys;s=socket.socket();s.bind(("127.0.0.1",int(sys.argv[1])));s.close()' "$1" 2>/dev/null
+  python3 -c 'import socket,sys;s=socket.socket();s.bind((sys.argv[1],0));print(s.getsockname()[1]);s.close()' "${1:-127.0.0.1}"
 }
 
 wait_for() { # <description> <seconds> <pid-name> <command...>
-  local desc=$1 secs=$2 name=$3; shift 3
-  local i pid
+  local desc=$1 secs=$2 name=$3 i pid
+  shift 3
   pid=$(cat "$RUN/pids/$name")
   for ((i = 0; i < secs * 5; i++)); do
     if "$@" >/dev/null 2>&1; then return 0; fi
@@ -63,28 +70,73 @@ wait_for() { # <description> <seconds> <pid-name> <command...>
   return 1
 }
 
-start_bg() { # <name> <command...>
-  local name=$1; shift
-  "$@" >"$RUN/logs/$name.log" 2>&1 &
-  echo $! >"$RUN/pids/$name"
+# start_bg <name> <command...>: a host process in the cluster's cgroup.
+start_bg() {
+  local name=$1
+  shift
+  start_in "$GROUP" "$RUN/logs/$name.log" "$@" >"$RUN/pids/$name"
 }
 
+# start_node <name> <command...>: a process in the node's network and mount namespaces.
+start_node() {
+  local name=$1
+  shift
+  start_bg "$name" nsenter --target "$(cat "$RUN/pids/node-ns")" --mount --net -- "$@"
+}
+
+# in_node <command...>: runs a command in the node's namespaces, in the foreground.
+in_node() { nsenter --target "$(cat "$RUN/pids/node-ns")" --mount --net -- "$@"; }
+
+# --- prerequisites ----------------------------------------------------------------------
+preflight() {
+  local b missing=()
+  ((EUID == 0)) || die "the test node needs root (network namespaces, cgroups, containerd): run as root"
+  for b in containerd containerd-shim-runc-v2 runc ip iptables ipset nsenter unshare openssl curl; do
+    command -v "$b" >/dev/null 2>&1 || missing+=("$b")
+  done
+  ((${#missing[@]} == 0)) || die "missing on this machine: ${missing[*]}; run tests/cluster/build.sh debs (Debian packages)"
+  for b in bridge host-local loopback portmap; do
+    [[ -x /usr/lib/cni/$b ]] || die "the CNI plugin /usr/lib/cni/$b is missing; run tests/cluster/build.sh debs (containernetworking-plugins)"
+  done
+  grep -qw overlay /proc/filesystems || die "the kernel has no overlay filesystem (containerd's overlayfs snapshotter needs it)"
+  [[ -e /proc/sys/net/bridge/bridge-nf-call-iptables ]] ||
+    die "the kernel has no br_netfilter (/proc/sys/net/bridge missing): NetworkPolicies on the node's bridge need it; run 'modprobe br_netfilter'"
+  ipset list -n >/dev/null 2>&1 || die "ipset does not work here (the kernel needs ip_set): kube-router enforces NetworkPolicies with it"
+  iptables -L -n >/dev/null 2>&1 || die "iptables does not work here (the kernel needs netfilter)"
+  [[ -n $(cgroup_mounts) ]] || die "no cgroup hierarchy is mounted"
+  ip netns list >/dev/null 2>&1 || die "'ip netns' does not work (network namespaces)"
+}
+
+# pick_net: N in 10.N.0.0/16, used by no route or address of the host nor by another run.
+pick_net() {
+  local n used
+  used=$(ip -4 route show table all; ip -4 addr show)
+  for n in $(shuf -i 200-250); do
+    grep -q "10\.$n\." <<<"$used" && continue
+    echo "$n"
+    return
+  done
+  die "no free 10.N.0.0/16 (N in 200-250) for the test node's addresses"
+}
+
+# --- PKI, users, kubeconfigs ------------------------------------------------------------
 make_pki() {
   local P=$RUN/pki
   mkdir -p "$P"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout "$P/ca.key" -out "$P/ca.crt" -days 3650 \
     -subj "/CN=toolyard-test-ca" -addext "basicConstraints=critical,CA:TRUE" \
     -addext "keyUsage=critical,keyCertSign,cRLSign" 2>/dev/null
-  openssl req -newkey rsa:2048 -nodes -keyout "$P/apiserver.key" -out "$P/apiserver.csr" \
-    -subj "/CN=kube-apiserver" 2>/dev/null
-  cat >"$P/apiserver.ext" <<EXT
-subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
-basicConstraints=critical,CA:FALSE
-keyUsage=critical,digitalSignature,keyEncipherment
-extendedKeyUsage=serverAuth
-EXT
-  openssl x509 -req -in "$P/apiserver.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
-    -days 3650 -out "$P/apiserver.crt" -extfile "$P/apiserver.ext" 2>/dev/null
+  # cert <name> <subject> <extensions>
+  cert() {
+    openssl req -newkey rsa:2048 -nodes -keyout "$P/$1.key" -out "$P/$1.csr" -subj "$2" 2>/dev/null
+    printf '%b' "$3" >"$P/$1.ext"
+    openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial \
+      -days 3650 -out "$P/$1.crt" -extfile "$P/$1.ext" 2>/dev/null
+  }
+  cert apiserver /CN=kube-apiserver "subjectAltName=IP:127.0.0.1,IP:$HOST_IP,IP:$SVC_PREFIX.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+  # The apiserver's client certificate towards the kubelet (logs, exec, port-forward).
+  cert kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+    "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
   openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
   openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
 }
@@ -92,7 +144,7 @@ EXT
 declare -A TOKEN
 make_tokens() {
   local u
-  for u in admin kcm alice bob controller gateway; do TOKEN[$u]=$(openssl rand -hex 24); done
+  for u in admin kcm alice bob controller gateway node proxy scheduler router; do TOKEN[$u]=$(openssl rand -hex 24); done
   cat >"$RUN/tokens.csv" <<CSV
 ${TOKEN[admin]},admin,uid-admin,"system:masters"
 ${TOKEN[kcm]},system:kube-controller-manager,uid-kcm
@@ -100,6 +152,10 @@ ${TOKEN[alice]},alice,uid-alice,"quants,viewers"
 ${TOKEN[bob]},bob,uid-bob,"ops"
 ${TOKEN[controller]},toolyard-controller,uid-toolyard-controller
 ${TOKEN[gateway]},toolyard-gateway,uid-toolyard-gateway
+${TOKEN[node]},system:node:$NODE,uid-node,"system:nodes"
+${TOKEN[proxy]},system:kube-proxy,uid-kube-proxy
+${TOKEN[scheduler]},system:kube-scheduler,uid-kube-scheduler
+${TOKEN[router]},toolyard-test-kube-router,uid-kube-router
 CSV
   chmod 600 "$RUN/tokens.csv"
 }
@@ -111,7 +167,7 @@ kind: Config
 clusters:
 - name: toolyard-test
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$HOST_IP:$API_PORT
     certificate-authority: $RUN/pki/ca.crt
 users:
 - name: $2
@@ -128,27 +184,235 @@ KC
   chmod 600 "$1"
 }
 
+# --- the node ---------------------------------------------------------------------------
+node_network() {
+  local netns=toolyard-$ID
+  echo "$netns" >"$RUN/netns"
+  ip netns add "$netns"
+  ip link add "ty$ID-h" type veth peer name "ty$ID-n"
+  ip link set "ty$ID-n" netns "$netns"
+  ip addr add "$HOST_IP/30" dev "ty$ID-h"
+  ip link set "ty$ID-h" up
+  ip -n "$netns" addr add "$NODE_IP/30" dev "ty$ID-n"
+  ip -n "$netns" link set "ty$ID-n" up
+  ip -n "$netns" link set lo up
+  # The host reaches pods and Services through the node (kube-proxy's rules apply there).
+  ip route add "$POD_CIDR" via "$NODE_IP" dev "ty$ID-h"
+  ip route add "$SVC_CIDR" via "$NODE_IP" dev "ty$ID-h"
+  nsenter --net="/run/netns/$netns" sysctl -q -w net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1 \
+    net.ipv4.conf.all.route_localnet=1
+  # The namespace holder: a process whose network namespace is the node's, and whose mount
+  # namespace is private (the node's mounts die with it). /run and /var/log are the node's own
+  # there: containerd's shim sockets, the iptables lock and the kubelet's container log links
+  # never reach the host's.
+  # (Not `ip netns exec`: it remounts /sys, and the kubelet needs the cgroup mounts under it.)
+  start_bg node-ns nsenter --net="/run/netns/$netns" unshare --mount --propagation slave -- \
+    sh -c 'mount -t tmpfs -o mode=755 tmpfs /run && mount -t tmpfs -o mode=755 tmpfs /var/log && exec sleep infinity'
+  for _ in $(seq 50); do
+    [[ $(readlink "/proc/$(cat "$RUN/pids/node-ns")/ns/mnt") != $(readlink /proc/self/ns/mnt) ]] &&
+      in_node test -d /var/log 2>/dev/null && in_node sh -c 'mountpoint -q /var/log' && break
+    sleep 0.1
+  done
+  in_node sh -c 'mountpoint -q /var/log' || die "the node's mount namespace did not come up: $(cat "$RUN/logs/node-ns.log")"
+}
+
+node_containerd() {
+  local N=$RUN/node
+  mkdir -p "$N/cni" "$N/ipam"
+  cat >"$N/cni/10-toolyard.conflist" <<JSON
+{
+  "cniVersion": "0.4.0",
+  "name": "toolyard",
+  "plugins": [
+    {
+      "type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+      "ipam": {
+        "type": "host-local", "dataDir": "$N/ipam",
+        "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$POD_PREFIX.1"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+JSON
+  cat >"$N/containerd.toml" <<TOML
+version = 2
+root = "$N/containerd/root"
+state = "$N/containerd/state"
+oom_score = 0
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "$N/containerd.sock"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$N/containerd/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "toolyard.local/pause:toolyard"
+  # This kind of VM lacks CAP_SYS_RESOURCE for lowering OOM scores.
+  restrict_oom_score_adj = true
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$N/cni"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+TOML
+  start_node containerd containerd --config "$N/containerd.toml"
+  wait_for containerd 30 containerd in_node ctr --address "$N/containerd.sock" version
+}
+
+node_images() {
+  [[ -s $IMAGES ]] || die "$IMAGES is missing: run tests/cluster/images.sh first"
+  in_node ctr --address "$RUN/node/containerd.sock" --namespace k8s.io images import --no-unpack "$IMAGES" \
+    >"$RUN/logs/images.log" 2>&1 || die "importing $IMAGES into containerd failed: $(tail -n 5 "$RUN/logs/images.log")"
+}
+
+node_components() {
+  local N=$RUN/node BIN=$1
+  echo "nameserver $HOST_IP" >"$N/resolv.conf"
+  cat >"$N/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://$N/containerd.sock
+cgroupDriver: cgroupfs
+cgroupRoot: /$GROUP
+cgroupsPerQOS: true
+failCgroupV1: false
+failSwapOn: false
+# This kind of VM lacks CAP_SYS_RESOURCE for lowering OOM scores.
+oomScoreAdj: 0
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $RUN/pki/ca.crt}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+clusterDNS: ["$SVC_PREFIX.10"]
+resolvConf: $N/resolv.conf
+podLogsDir: $N/pod-logs
+serializeImagePulls: false
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+maxPods: 250
+YAML
+  write_kubeconfig "$N/kubelet.kubeconfig" "system:node:$NODE" "${TOKEN[node]}"
+  write_kubeconfig "$N/proxy.kubeconfig" system:kube-proxy "${TOKEN[proxy]}"
+  write_kubeconfig "$N/scheduler.kubeconfig" system:kube-scheduler "${TOKEN[scheduler]}"
+  write_kubeconfig "$N/router.kubeconfig" toolyard-test-kube-router "${TOKEN[router]}"
+
+  start_bg kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$N/scheduler.kubeconfig" \
+    --leader-elect=false --secure-port=0 --v=1
+  start_node kubelet "$BIN/kubelet" --config="$N/kubelet.yaml" --kubeconfig="$N/kubelet.kubeconfig" \
+    --root-dir="$N/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP" --v=1
+
+  cat >"$N/kube-proxy.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: $N/proxy.kubeconfig}
+clusterCIDR: $POD_CIDR
+hostnameOverride: $NODE
+bindAddress: $NODE_IP
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+# conntrack limits are the host's: leave them alone.
+conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+iptables: {localhostNodePorts: false}
+YAML
+  start_node kube-proxy "$BIN/kube-proxy" --config="$N/kube-proxy.yaml" --v=1
+  # kube-router finds its node by name: the kubelet registers it.
+  wait_for "the node to be Ready" 60 kubelet "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" \
+    wait --for=condition=Ready "node/$NODE" --timeout=1s
+  "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" apply -f - >/dev/null <<YAML
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: toolyard-test-kube-router}
+rules:
+  - apiGroups: [""]
+    resources: [namespaces, pods, services, endpoints, nodes]
+    verbs: [get, list, watch]
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [get, list, watch]
+  - apiGroups: [discovery.k8s.io]
+    resources: [endpointslices]
+    verbs: [get, list, watch]
+  - apiGroups: [""]
+    resources: [events]
+    verbs: [create, patch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: toolyard-test-kube-router}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: toolyard-test-kube-router}
+subjects: [{kind: User, name: toolyard-test-kube-router}]
+YAML
+  start_node kube-router "$BIN/kube-router" --kubeconfig="$N/router.kubeconfig" --hostname-override="$NODE" \
+    --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+    --enable-pod-egress=false --service-cluster-ip-range="$SVC_CIDR" --health-port=20244 --metrics-port=0 --v=1
+  # (Its health port, in the node's network namespace: with none, v2.1.0 crashes.)
+  wait_for "kube-router to be healthy" 60 kube-router in_node curl -fsS http://127.0.0.1:20244/healthz
+
+}
+
+node_dns() {
+  local version
+  version=$(basename "$(bin_dir)" | sed -n 's/.*-coredns-\([^-]*\)-.*/\1/p')
+  sed -e "s/@DNS_IP@/$SVC_PREFIX.10/" -e "s/@VERSION@/$version/" "$HERE/coredns.yaml" |
+    "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" apply -f - >/dev/null
+  wait_for "CoreDNS to be available" 60 kubelet "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" \
+    -n kube-system wait --for=condition=Available deployment/coredns --timeout=1s
+}
+
 start() {
   if [[ -d $RUN/pids ]] && compgen -G "$RUN/pids/*" >/dev/null; then
     die "$RUN is in use by a running test cluster; run '$0 stop' first"
   fi
-  local BIN KUBECTL
+  local BIN b
   BIN=$(bin_dir)
-  for b in etcd kube-apiserver kube-controller-manager s3s-fs; do
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-router s3s-fs; do
     [[ -x $BIN/$b ]] || die "$BIN/$b is missing; run tests/cluster/build.sh first"
   done
-  command -v openssl >/dev/null || die "openssl is needed to make the test PKI"
-  command -v curl >/dev/null || die "curl is needed to wait for the servers"
   KUBECTL=$(kubectl_bin)
+  preflight
   rm -rf "$RUN"; mkdir -p "$RUN"/{logs,pids,s3/toolyard}
+  ID=$(openssl rand -hex 3)
+  GROUP=toolyard-test-$ID
+  echo "$GROUP" >"$RUN/cgroup"
   trap 'log "start failed; stopping what was started"; stop' ERR
+  cgroup_create "$GROUP"
+
+  local N
+  N=$(pick_net)
+  HOST_IP=10.$N.0.1 NODE_IP=10.$N.0.2 POD_PREFIX=10.$N.1 SVC_PREFIX=10.$N.2
+  POD_CIDR=$POD_PREFIX.0/24 SVC_CIDR=$SVC_PREFIX.0/24
+  node_network
 
   make_pki
   make_tokens
-  ETCD_PORT=$(freeport); ETCD_PEER_PORT=$(freeport); API_PORT=$(freeport); S3_PORT=$(freeport)
-  for p in $ETCD_PORT $ETCD_PEER_PORT $API_PORT $S3_PORT; do
-    port_free "$p" || die "port $p on 127.0.0.1 is not available"
-  done
+  local ETCD_PORT ETCD_PEER_PORT S3_PORT
+  ETCD_PORT=$(freeport); ETCD_PEER_PORT=$(freeport); API_PORT=$(freeport "$HOST_IP"); S3_PORT=$(freeport)
 
   start_bg etcd "$BIN/etcd" --name toolyard-test --data-dir "$RUN/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
@@ -160,20 +424,22 @@ start() {
 
   start_bg kube-apiserver "$BIN/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$API_PORT" \
-    --endpoint-reconciler-type=none \
+    --bind-address="$HOST_IP" --advertise-address="$HOST_IP" --secure-port="$API_PORT" \
+    --endpoint-reconciler-type=lease \
     --tls-cert-file="$RUN/pki/apiserver.crt" --tls-private-key-file="$RUN/pki/apiserver.key" \
     --client-ca-file="$RUN/pki/ca.crt" --cert-dir="$RUN/pki/generated" \
-    --service-account-issuer="https://127.0.0.1:$API_PORT" \
+    --kubelet-client-certificate="$RUN/pki/kubelet-client.crt" --kubelet-client-key="$RUN/pki/kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP \
+    --service-account-issuer="https://$HOST_IP:$API_PORT" \
     --service-account-key-file="$RUN/pki/sa.pub" \
     --service-account-signing-key-file="$RUN/pki/sa.key" \
-    --api-audiences="https://127.0.0.1:$API_PORT,toolyard" \
+    --api-audiences="https://$HOST_IP:$API_PORT,toolyard" \
     --token-auth-file="$RUN/tokens.csv" \
-    --authorization-mode=RBAC \
-    --service-cluster-ip-range=10.0.0.0/24 \
+    --authorization-mode=Node,RBAC \
+    --service-cluster-ip-range="$SVC_CIDR" \
     --allow-privileged=true --profiling=false --v=1
   wait_for kube-apiserver 120 kube-apiserver curl -fsS --cacert "$RUN/pki/ca.crt" \
-    -H "Authorization: Bearer ${TOKEN[admin]}" "https://127.0.0.1:$API_PORT/readyz"
+    -H "Authorization: Bearer ${TOKEN[admin]}" "https://$HOST_IP:$API_PORT/readyz"
 
   write_kubeconfig "$RUN/admin.kubeconfig" admin "${TOKEN[admin]}"
   write_kubeconfig "$RUN/kcm.kubeconfig" system:kube-controller-manager "${TOKEN[kcm]}"
@@ -188,6 +454,8 @@ start() {
     --use-service-account-credentials=true \
     --service-account-private-key-file="$RUN/pki/sa.key" --root-ca-file="$RUN/pki/ca.crt" \
     --cluster-signing-cert-file="$RUN/pki/ca.crt" --cluster-signing-key-file="$RUN/pki/ca.key" \
+    --allocate-node-cidrs=true --cluster-cidr="$POD_CIDR" --node-cidr-mask-size=24 \
+    --service-cluster-ip-range="$SVC_CIDR" --configure-cloud-routes=false \
     --concurrent-job-syncs=20 --v=1
   wait_for "kube-controller-manager to create the default ServiceAccount" 60 kube-controller-manager \
     "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" -n default get serviceaccount default
@@ -198,11 +466,20 @@ start() {
     --access-key "$S3_ACCESS_KEY" --secret-key "$S3_SECRET_KEY" "$RUN/s3"
   wait_for s3s-fs 30 s3s-fs curl -s -o /dev/null "http://127.0.0.1:$S3_PORT/"
 
+  node_containerd
+  node_images
+  node_components "$BIN"
+  node_dns
+  local pid
+  for pid in "$RUN"/pids/*; do
+    kill -0 "$(cat "$pid")" 2>/dev/null || die "${pid##*/} exited while the cluster started: $(tail -n 5 "$RUN/logs/${pid##*/}.log")"
+  done
+
   cat >"$RUN/env" <<ENV
 export TOOLYARD_TEST_RUN=$RUN
 export TOOLYARD_TEST_BIN=$BIN
 export TOOLYARD_TEST_KUBECTL=$KUBECTL
-export TOOLYARD_TEST_API=https://127.0.0.1:$API_PORT
+export TOOLYARD_TEST_API=https://$HOST_IP:$API_PORT
 export TOOLYARD_TEST_CA=$RUN/pki/ca.crt
 export TOOLYARD_TEST_SA_KEY=$RUN/pki/sa.key
 export TOOLYARD_TEST_TOKEN_ADMIN=${TOKEN[admin]}
@@ -215,24 +492,39 @@ export TOOLYARD_TEST_S3_ACCESS_KEY=$S3_ACCESS_KEY
 export TOOLYARD_TEST_S3_SECRET_KEY=$S3_SECRET_KEY
 export TOOLYARD_TEST_S3_REGION=us-east-1
 export TOOLYARD_TEST_S3_BUCKET=toolyard
+export TOOLYARD_TEST_NODE=$NODE
+export TOOLYARD_TEST_HOST_IP=$HOST_IP
+export TOOLYARD_TEST_POD_CIDR=$POD_CIDR
+export TOOLYARD_TEST_SERVICE_CIDR=$SVC_CIDR
+export TOOLYARD_TEST_NETNS=$(cat "$RUN/netns")
 export KUBECONFIG=$RUN/admin.kubeconfig
 ENV
   trap - ERR
-  log "up: kube-apiserver https://127.0.0.1:$API_PORT, s3 http://127.0.0.1:$S3_PORT; source $RUN/env"
+  log "up: kube-apiserver https://$HOST_IP:$API_PORT, node $NODE ($NODE_IP, pods $POD_CIDR), s3 http://127.0.0.1:$S3_PORT; source $RUN/env"
 }
 
 stop() {
-  [[ -d $RUN/pids ]] || return 0
-  local name pid
-  for name in s3s-fs kube-controller-manager kube-apiserver etcd; do
-    [[ -f $RUN/pids/$name ]] || continue
-    pid=$(cat "$RUN/pids/$name")
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$pid" 2>/dev/null || true
-    rm -f "$RUN/pids/$name"
+  [[ -f $RUN/cgroup ]] || return 0
+  local group netns left=0 m
+  group=$(cat "$RUN/cgroup")
+  # The control plane first, gently (etcd writes its data), then everything at once.
+  for name in kube-apiserver etcd; do
+    [[ -f $RUN/pids/$name ]] && kill "$(cat "$RUN/pids/$name")" 2>/dev/null || true
   done
-  rm -rf "$RUN/etcd"
+  sleep 0.5
+  cgroup_kill "$group" || left=1
+  if [[ -f $RUN/netns ]]; then
+    netns=$(cat "$RUN/netns")
+    ip netns del "$netns" 2>/dev/null || true
+    # The kernel tears a namespace down asynchronously: its links go a moment later.
+    for _ in $(seq 50); do ip link show "ty${netns#toolyard-}-h" >/dev/null 2>&1 || break; sleep 0.1; done
+    ip netns list | grep -qw "$netns" && { log "the network namespace $netns is left"; left=1; }
+    ip link show "ty${netns#toolyard-}-h" >/dev/null 2>&1 && { log "the link ty${netns#toolyard-}-h is left"; left=1; }
+  fi
+  m=$(awk -v run="$RUN" 'index($5, run) == 1 { print $5 }' /proc/self/mountinfo)
+  [[ -z $m ]] || { log "mounts left under $RUN: $m"; left=1; }
+  rm -rf "$RUN/pids" "$RUN/etcd" "$RUN/cgroup" "$RUN/netns" "$RUN/node"
+  ((left == 0)) || die "stopped, but something was left behind (see above)"
 }
 
 case ${1:-} in

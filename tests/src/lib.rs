@@ -19,9 +19,9 @@ use kube::{Client, Config};
 use tokio::sync::OnceCell;
 
 pub mod fixtures;
+pub mod images;
 pub mod local;
 pub mod model_server;
-pub mod process_node;
 pub mod s3;
 
 /// A static-token user of the test cluster.
@@ -120,9 +120,20 @@ impl TestEnv {
             .unwrap_or_else(|| panic!("{name} missing from {}", env_file().display()))
     }
 
-    /// `https://127.0.0.1:<port>` of the apiserver.
+    /// `https://<host address>:<port>` of the apiserver.
     pub fn api_url(&self) -> &str {
         self.var("TOOLYARD_TEST_API")
+    }
+
+    /// This host's address on the test node's network: pods reach servers that tests bind
+    /// here (an MCP gateway run as a process, a model endpoint). Nothing else reaches it.
+    pub fn host_ip(&self) -> std::net::IpAddr {
+        self.var("TOOLYARD_TEST_HOST_IP").parse().expect("TOOLYARD_TEST_HOST_IP is an IP address")
+    }
+
+    /// Name of the test node (kubelet with containerd) every pod runs on.
+    pub fn node(&self) -> &str {
+        self.var("TOOLYARD_TEST_NODE")
     }
 
     /// Bearer token of a user.

@@ -125,10 +125,16 @@ impl ScriptedModel {
     /// Starts a server on 127.0.0.1 that requires `Authorization: Bearer <api_key>` and
     /// answers the turns in order.
     pub async fn start(api_key: &str, turns: Vec<Turn>) -> Self {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), api_key, turns).await
+    }
+
+    /// The same on `ip`: the test cluster's host address ([`crate::TestEnv::host_ip`]) for a
+    /// model that agent pods call.
+    pub async fn start_on(ip: std::net::IpAddr, api_key: &str, turns: Vec<Turn>) -> Self {
         let inner = Arc::new(Mutex::new(Inner { script: turns.into(), ..Default::default() }));
         let state = AppState { api_key: api_key.to_owned(), inner: inner.clone() };
         let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind model server");
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind model server");
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();
         let shutdown = stop.clone();
@@ -138,7 +144,7 @@ impl ScriptedModel {
         Self { addr, api_key: api_key.to_owned(), inner, stop }
     }
 
-    /// Base URL to configure as the model endpoint (`http://127.0.0.1:<port>/v1`).
+    /// Base URL to configure as the model endpoint (`http://<ip>:<port>/v1`).
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }

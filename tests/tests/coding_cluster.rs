@@ -1,5 +1,5 @@
 //! Coding tasks on the test cluster with nothing stubbed but the LLM: MCP client → the real
-//! `toolyard-gateway serve` → CodingTask → the real controller → Job → the process node runs
+//! `toolyard-gateway serve` → CodingTask → the real controller → Job → the test node runs
 //! `toolyard-runner agent` (model settings from the controller, the key from a Secret) → the
 //! agent's tool calls come back through the gateway's internal API as ToolCalls → more Jobs →
 //! results in the real S3 server. The model is the deterministic scripted server.
@@ -100,7 +100,7 @@ async fn start_task(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
-    let model = ScriptedModel::start(MODEL_KEY, vec![]).await;
+    let model = ScriptedModel::start_on(TestEnv::get().host_ip(), MODEL_KEY, vec![]).await;
     let mut platform = start(&model.base_url()).await;
     let ns = platform.ns.clone();
     grant(&ns, "alice");
@@ -334,7 +334,7 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
 
     // A CodingTask may name its own model and key Secret over the chart's defaults: alice
     // creates one herself; it runs with her model id and her key, and she reads its result.
-    let own = ScriptedModel::start(
+    let own = ScriptedModel::start_on(TestEnv::get().host_ip(), 
         "sk-alice-own-key-0002",
         vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'my own model'})")],
     )

@@ -1,7 +1,8 @@
 //! End to end on the test cluster with nothing stubbed: an MCP client calls tools on the real
 //! `toolyard-gateway serve`; the call becomes a ToolCall, the real controller makes a Job, the
-//! real Job controller a pod, the process node runs the real runner in it, which reads the
-//! input and writes the result through the gateway's internal API into the real S3 server.
+//! real Job controller a pod, the test node runs the real runner in it (from the real
+//! images), which reads the input and writes the result through the gateway's internal API
+//! into the real S3 server.
 
 mod e2e_support;
 
@@ -30,6 +31,7 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     let platform = Platform::start(&[]).await;
     platform.apply_tools("examples/pricing/tools.yaml").await;
     platform.apply_tools("tests/fixtures/misbehaving/tools.yaml").await;
+    platform.apply_tools("tests/fixtures/echo/tools.yaml").await;
     // alice may call every tool through the chart's tool-caller role.
     platform.grant_tool_caller("alice");
 
@@ -85,6 +87,20 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     let labels = pods.first().and_then(|p| p.metadata.labels.clone()).expect("the call's pod");
     assert!(platform.policy_selects("runs", &labels), "{labels:?}");
     assert!(!platform.policy_selects("agent-model", &labels), "{labels:?}");
+
+    // The statically linked runner runs in each kind of tool image: Debian with Python,
+    // distroless (glibc as a library, no shell) and busybox (no libc at all); the tool runs
+    // as the non-root UID the pod sets.
+    for tool in ["echo_debian", "echo_distroless", "echo_busybox"] {
+        let echoed = alice.call_tool(call(tool, json!({"x": 1, "tool": tool}))).await.expect("tools/call");
+        assert_ne!(echoed.is_error, Some(true), "{tool}: {}", text_of(&echoed));
+        assert_eq!(
+            echoed.structured_content,
+            Some(json!({"echo": {"x": 1, "tool": tool}, "uid": 65532})),
+            "{tool}: {}",
+            text_of(&echoed)
+        );
+    }
 
     // A function that raises: the tool's own message, as a tool error.
     let failed = alice.call_tool(call("fail", json!({"message": "no quotes today"}))).await.expect("tools/call");

@@ -1,12 +1,15 @@
 //! The whole platform on the test cluster, as the chart deploys it, with nothing stubbed:
 //! the real `toolyard-gateway serve` and `toolyard-controller` binaries, each running as its
 //! chart ServiceAccount with exactly the chart's RBAC (tokens from the TokenRequest API), the
-//! real S3 server, and the process node running Job pods (init container `cp` of the real
-//! `toolyard-runner`, then the tool's command under `toolyard-runner call`).
+//! real S3 server, and the test node running Job pods from the real images (init container
+//! `cp` of the runner from the runner image, then the tool's command under
+//! `toolyard-runner call`). The gateway and controller run as processes on this host: pods
+//! reach the gateway's internal API on the host's address on the node's network. The chart's
+//! NetworkPolicies for run pods are not applied here (they admit only gateway pods;
+//! `e2e_node` installs the whole chart and checks them enforced).
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -23,17 +26,7 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use tokio::process::{Child, Command};
 use toolyard_api::McpTool;
 use toolyard_tests::local::{TempDir, binary};
-use toolyard_tests::process_node::{ImageSpec, ProcessNode};
-use toolyard_tests::{TestEnv, User, random_suffix, repo_path, wait_until};
-
-/// Image names as the chart and the example manifests use them.
-pub const RUNNER_IMAGE: &str = "ghcr.io/toolyard/runner:0.1.0";
-/// The agent image.
-pub const AGENT_IMAGE: &str = "ghcr.io/toolyard/agent:0.1.0";
-/// The pricing example's image.
-pub const PRICING_IMAGE: &str = "ghcr.io/toolyard/pricing:0.1.0";
-/// The misbehaving fixtures' image.
-pub const MISBEHAVING_IMAGE: &str = "ghcr.io/toolyard/test-misbehaving:0.1.0";
+use toolyard_tests::{TestEnv, User, images, random_suffix, repo_path, wait_until};
 
 /// A running platform serving one namespace.
 pub struct Platform {
@@ -52,7 +45,6 @@ pub struct Platform {
     pub gateway_ops: String,
     gateway: Child,
     controller: Option<Child>,
-    node: Option<ProcessNode>,
     dir: TempDir,
     gateway_args: Vec<String>,
     gateway_env: Vec<(String, String)>,
@@ -67,9 +59,10 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 
-/// The chart's RBAC, user roles and run NetworkPolicies for release `release` (the chart names its objects `<release>-toolyard-*`;
-/// a release per platform keeps the cluster-scoped bindings of concurrent tests apart).
-fn helm_rbac(env: &TestEnv, release: &str, release_ns: &str, ns: &str) -> String {
+/// Templates of the chart for release `release` (the chart names its objects
+/// `<release>-toolyard-*`; a release per platform keeps the cluster-scoped bindings of
+/// concurrent tests apart), serving namespace `ns`.
+fn helm_template(env: &TestEnv, release: &str, release_ns: &str, ns: &str, templates: &[&str]) -> String {
     let out = std::process::Command::new(env.bin_dir().join("helm"))
         .args(["template", release, repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", release_ns])
         .args([
@@ -79,14 +72,7 @@ fn helm_rbac(env: &TestEnv, release: &str, release_ns: &str, ns: &str) -> String
             repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8"),
         ])
         .args(["--set", &format!("watchNamespaces={{{ns}}}"), "--set", "gateway.auth.apiKeys.existingSecret="])
-        .args(["--show-only", "templates/gateway/rbac.yaml", "--show-only", "templates/gateway/serviceaccount.yaml"])
-        .args(["--show-only", "templates/users/roles.yaml", "--show-only", "templates/runs/networkpolicy.yaml"])
-        .args([
-            "--show-only",
-            "templates/controller/rbac.yaml",
-            "--show-only",
-            "templates/controller/serviceaccount.yaml",
-        ])
+        .args(templates.iter().flat_map(|t| ["--show-only", t]))
         .output()
         .expect("helm runs");
     assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
@@ -172,31 +158,6 @@ fn spawn(program: &Path, args: &[String], env: &[(String, String)], log: &Path) 
         .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()))
 }
 
-/// Images the process node runs: the runner image holds the built `toolyard-runner`; the
-/// tool images hold Python with the `toolyard` package and their own modules.
-pub fn images() -> HashMap<String, ImageSpec> {
-    let runner_dir = binary("toolyard-runner").parent().expect("bin dir").to_path_buf();
-    let py = |extra: &str| ImageSpec {
-        root: None,
-        env: vec![(
-            "PYTHONPATH".into(),
-            format!("{}:{}", repo_path("worker-image/python").display(), repo_path(extra).display()),
-        )],
-    };
-    HashMap::from([
-        (RUNNER_IMAGE.to_owned(), ImageSpec { root: Some(runner_dir.clone()), env: vec![] }),
-        (
-            AGENT_IMAGE.to_owned(),
-            ImageSpec {
-                root: Some(runner_dir),
-                env: vec![("TOOLYARD_AGENT_PYTHONPATH".into(), repo_path("worker-image/python").display().to_string())],
-            },
-        ),
-        (PRICING_IMAGE.to_owned(), py("examples/pricing")),
-        (MISBEHAVING_IMAGE.to_owned(), py("tests/fixtures/misbehaving")),
-    ])
-}
-
 impl Platform {
     /// Starts everything for a fresh namespace. `controller_env` adds controller settings
     /// (model defaults for coding tasks).
@@ -214,7 +175,16 @@ impl Platform {
         // The chart's ServiceAccounts and RBAC, bound to this namespace.
         let rbac = dir.path().join("rbac.yaml");
         let release = format!("ty{}", random_suffix(6));
-        std::fs::write(&rbac, helm_rbac(env, &release, &release_ns, &ns)).expect("write rbac");
+        let templates = [
+            "templates/gateway/rbac.yaml",
+            "templates/gateway/serviceaccount.yaml",
+            "templates/users/roles.yaml",
+            "templates/controller/rbac.yaml",
+            "templates/controller/serviceaccount.yaml",
+        ];
+        std::fs::write(&rbac, helm_template(env, &release, &release_ns, &ns, &templates)).expect("write rbac");
+        let policies = helm_template(env, &release, &release_ns, &ns, &["templates/runs/networkpolicy.yaml"]);
+        std::fs::write(dir.path().join("networkpolicy.yaml"), policies).expect("write policies");
         env.kubectl_as(User::Admin, &["apply", "-f", rbac.to_str().expect("utf-8")]).expect("apply chart RBAC");
         let gateway_kc =
             service_account_kubeconfig(env, &release_ns, &format!("{release}-toolyard-gateway"), dir.path()).await;
@@ -230,7 +200,8 @@ impl Platform {
         make_pki(&pki);
         let ca = reqwest::Certificate::from_pem(&std::fs::read(pki.join("ca.crt")).expect("ca.crt")).expect("CA PEM");
         let (tls_cert, tls_key) = (pki.join("tls.crt"), pki.join("tls.key"));
-        let internal_url = format!("http://127.0.0.1:{internal}");
+        let host_ip = env.host_ip();
+        let internal_url = format!("http://{host_ip}:{internal}");
         let s3 = env.s3();
 
         let gateway_args: Vec<String> = [
@@ -242,7 +213,7 @@ impl Platform {
             "--listen",
             &format!("127.0.0.1:{public}"),
             "--internal-listen",
-            &format!("127.0.0.1:{internal}"),
+            &format!("{host_ip}:{internal}"),
             "--metrics-listen",
             &format!("127.0.0.1:{ops}"),
             "--namespaces",
@@ -279,8 +250,8 @@ impl Platform {
         let mut controller_env_all: Vec<(String, String)> = vec![
             ("KUBECONFIG".into(), controller_kc.display().to_string()),
             ("TOOLYARD_NAMESPACES".into(), ns.clone()),
-            ("TOOLYARD_RUNNER_IMAGE".into(), RUNNER_IMAGE.into()),
-            ("TOOLYARD_AGENT_IMAGE".into(), AGENT_IMAGE.into()),
+            ("TOOLYARD_RUNNER_IMAGE".into(), images::RUNNER.into()),
+            ("TOOLYARD_AGENT_IMAGE".into(), images::AGENT.into()),
             ("TOOLYARD_GATEWAY_INTERNAL_URL".into(), internal_url.clone()),
             ("TOOLYARD_TOKEN_KEY_FILE".into(), key.display().to_string()),
             ("TOOLYARD_METRICS_ADDR".into(), format!("127.0.0.1:{controller_ops}")),
@@ -292,7 +263,6 @@ impl Platform {
         let controller =
             spawn(&binary("toolyard-controller"), &[], &controller_env_all, &dir.path().join("controller.log"));
 
-        let node = ProcessNode::start(env, &ns, images()).await.expect("process node");
         let platform = Platform {
             ns,
             release_ns,
@@ -302,7 +272,6 @@ impl Platform {
             gateway_ops: format!("http://127.0.0.1:{ops}"),
             gateway,
             controller: Some(controller),
-            node: Some(node),
             dir,
             gateway_args,
             gateway_env,
@@ -368,11 +337,15 @@ impl Platform {
             .expect("bind tool-caller");
     }
 
-    /// An object of the chart as the platform applied it (RBAC, user roles, run
-    /// NetworkPolicies), by kind and name without the `<release>-toolyard-` prefix.
+    /// An object of the chart as the platform rendered it (RBAC and user roles, applied; run
+    /// NetworkPolicies, not applied), by kind and name without the `<release>-toolyard-` prefix.
     pub fn chart_object(&self, kind: &str, short_name: &str) -> serde_json::Value {
         let name = format!("{}-toolyard-{short_name}", self.release);
-        let text = std::fs::read_to_string(self.dir.path().join("rbac.yaml")).expect("rendered chart");
+        let text = ["rbac.yaml", "networkpolicy.yaml"]
+            .iter()
+            .map(|f| std::fs::read_to_string(self.dir.path().join(f)).expect("rendered chart"))
+            .collect::<Vec<_>>()
+            .join("\n---\n");
         text.split("\n---")
             .filter(|doc| doc.lines().any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')))
             .filter_map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).ok())
@@ -466,9 +439,12 @@ impl Platform {
     pub async fn start_replica(&mut self) -> String {
         let (public, internal, ops) = (free_port(), free_port(), free_port());
         let mut args = self.gateway_args.clone();
-        for (flag, port) in [("--listen", public), ("--internal-listen", internal), ("--metrics-listen", ops)] {
+        let host_ip = TestEnv::get().host_ip().to_string();
+        for (flag, host, port) in
+            [("--listen", "127.0.0.1", public), ("--internal-listen", host_ip.as_str(), internal), ("--metrics-listen", "127.0.0.1", ops)]
+        {
             if let Some(i) = args.iter().position(|a| a == flag) {
-                args[i + 1] = format!("127.0.0.1:{port}");
+                args[i + 1] = format!("{host}:{port}");
             }
         }
         let replica =
@@ -544,9 +520,6 @@ impl Platform {
         }
         for replica in &mut self.replicas {
             let _ = replica.start_kill();
-        }
-        if let Some(node) = self.node.take() {
-            node.stop().await;
         }
     }
 }
