@@ -134,14 +134,26 @@ else
   BUILD_OK=1
 fi
 
-# --- the test cluster and the Rust tests ------------------------------------------------
+# --- images, the test cluster and the Rust tests ----------------------------------------
+# The Dockerfile's images and the test images, built from the binaries above (the node
+# imports them; no registry is involved).
+IMAGES_OK=1
+if ((TOOLS_OK != 0)); then
+  not_run "images" "the test cluster binaries could not be built"
+elif ((BUILD_OK != 0)); then
+  not_run "images" "the build failed"
+else
+  suite "images (Dockerfile and test images)" tests/cluster/images.sh
+  IMAGES_OK=$?
+fi
+
 CLUSTER_OK=1
-if ((TOOLS_OK == 0)); then
+if ((IMAGES_OK != 0)); then
+  not_run "test cluster: start" "the images could not be built"
+else
   trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN"' EXIT
   suite "test cluster: start (in $TOOLYARD_CLUSTER_RUN)" tests/cluster/cluster.sh start
   CLUSTER_OK=$?
-else
-  not_run "test cluster: start" "its binaries could not be built"
 fi
 
 rust_tests() {

@@ -437,7 +437,8 @@ start() {
     --token-auth-file="$RUN/tokens.csv" \
     --authorization-mode=Node,RBAC \
     --service-cluster-ip-range="$SVC_CIDR" \
-    --allow-privileged=true --profiling=false --v=1
+    --allow-privileged=true --profiling=false --v=1 \
+    --feature-gates=MutatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true
   wait_for kube-apiserver 120 kube-apiserver curl -fsS --cacert "$RUN/pki/ca.crt" \
     -H "Authorization: Bearer ${TOKEN[admin]}" "https://$HOST_IP:$API_PORT/readyz"
 
@@ -448,6 +449,11 @@ start() {
   write_kubeconfig "$RUN/controller.kubeconfig" toolyard-controller "${TOKEN[controller]}"
   write_kubeconfig "$RUN/gateway.kubeconfig" toolyard-gateway "${TOKEN[gateway]}"
   wait_for "the default namespace" 30 kube-apiserver "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" get namespace default
+
+  # Pods of namespaces labelled toolyard.dev/test-pods=unscheduled name a scheduler that does
+  # not exist: no scheduler binds them and no kubelet runs them, so their status is what a
+  # test sets (the controller's logic tests report pod outcomes that way).
+  "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" apply -f "$HERE/unscheduled-pods.yaml" >/dev/null
 
   start_bg kube-controller-manager "$BIN/kube-controller-manager" \
     --kubeconfig="$RUN/kcm.kubeconfig" --leader-elect=false --secure-port=0 \

@@ -73,13 +73,13 @@ SLIM_OPTS=(--aptopt='APT::Install-Recommends "false"' --aptopt='Acquire::Languag
   --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*')
 
 # mmdebstrap mounts /proc and /dev in the new tree while it works: in a mount namespace of
-# its own, those mounts cannot outlive it.
+# its own, those mounts cannot outlive it. (The extract variant runs extract hooks only: no
+# maintainer script runs, so the CA bundle is assembled by hand.)
 debootstrap_cc() {
   unshare --mount --propagation private mmdebstrap --quiet --format=tar --variant=extract \
     --include=libc6,libgcc-s1,libssl3,ca-certificates,tzdata,netbase "${SLIM_OPTS[@]}" \
-    --customize-hook='mkdir -p "$1/etc/ssl/certs" && cat "$1"/usr/share/ca-certificates/mozilla/*.crt > "$1/etc/ssl/certs/ca-certificates.crt"' \
-    --customize-hook="$NONROOT_HOOK" \
-    --customize-hook='rm -rf "$1"/var/lib/apt "$1"/var/cache/apt "$1"/usr/share/doc' \
+    --extract-hook='mkdir -p "$1/etc/ssl/certs" && cat "$1"/usr/share/ca-certificates/mozilla/*.crt > "$1/etc/ssl/certs/ca-certificates.crt"' \
+    --extract-hook="$NONROOT_HOOK" \
     bookworm "$1" "${MIRROR[@]}"
 }
 debootstrap_python() {

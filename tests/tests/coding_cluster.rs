@@ -334,7 +334,8 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
 
     // A CodingTask may name its own model and key Secret over the chart's defaults: alice
     // creates one herself; it runs with her model id and her key, and she reads its result.
-    let own = ScriptedModel::start_on(TestEnv::get().host_ip(), 
+    let own = ScriptedModel::start_on(
+        TestEnv::get().host_ip(),
         "sk-alice-own-key-0002",
         vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'my own model'})")],
     )

@@ -36,7 +36,10 @@ fn job(name: &str, deadline: Option<i64>, main: Container, volumes: Vec<Volume>)
                         run_as_non_root: Some(true),
                         run_as_user: Some(65532),
                         run_as_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
                         ..Default::default()
                     }),
                     containers: vec![main],

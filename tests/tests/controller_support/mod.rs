@@ -360,11 +360,15 @@ pub fn unschedulable() -> Value {
     })
 }
 
-/// A fresh namespace with the CRDs installed.
+/// A fresh namespace with the CRDs installed, whose pods no scheduler binds and no kubelet runs.
 pub async fn namespace(prefix: &str) -> (String, Client) {
     let env = TestEnv::get();
     env.install_crds().await.expect("CRDs");
     let ns = env.namespace(prefix).await.expect("namespace");
+    // Its pods are never scheduled nor run (tests/cluster/unscheduled-pods.yaml): the tests
+    // write their status as a kubelet would report it.
+    env.kubectl_as(User::Admin, &["label", "namespace", &ns, "toolyard.dev/test-pods=unscheduled"])
+        .expect("label namespace");
     (ns, env.client(User::Admin).await)
 }
 

@@ -440,9 +440,11 @@ impl Platform {
         let (public, internal, ops) = (free_port(), free_port(), free_port());
         let mut args = self.gateway_args.clone();
         let host_ip = TestEnv::get().host_ip().to_string();
-        for (flag, host, port) in
-            [("--listen", "127.0.0.1", public), ("--internal-listen", host_ip.as_str(), internal), ("--metrics-listen", "127.0.0.1", ops)]
-        {
+        for (flag, host, port) in [
+            ("--listen", "127.0.0.1", public),
+            ("--internal-listen", host_ip.as_str(), internal),
+            ("--metrics-listen", "127.0.0.1", ops),
+        ] {
             if let Some(i) = args.iter().position(|a| a == flag) {
                 args[i + 1] = format!("{host}:{port}");
             }

@@ -1,0 +1,588 @@
+//! The chart as a user installs it, on the test node, from the images built from the
+//! Dockerfile: `helm install` with the kind walkthrough's values
+//! (`examples/kind/values.yaml`; its development S3 server from `examples/kind/s3.yaml`),
+//! `kubectl apply -f examples/pricing/tools.yaml`, and a ServiceAccount's token over HTTPS
+//! through `kubectl port-forward`, the gateway's self-signed certificate as the CA.
+//!
+//! Checked here, all on real pods: the official Python SDK lists the tools and calls
+//! `price_option` (a Job) and `get_quote` (a warm pool); a coding task with a scripted model
+//! writes a CSV artifact that is read back, while the leading controller pod is deleted; a
+//! cancelled call's pod is killed; the pods' hardening as seen from inside a container; an
+//! image that does not exist; and every NetworkPolicy of the chart, enforced by kube-router.
+
+mod coding_support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use coding_support::{Client, MODEL_ID, MODEL_KEY, call, connect_with, structured, text_of};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, Secret, SecurityContext,
+};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, ObjectMeta, PostParams};
+use serde_json::{Map, Value, json};
+use tokio::process::{Child, Command};
+use toolyard_api::{McpTool, ToolCall};
+use toolyard_tests::local::TempDir;
+use toolyard_tests::model_server::{Gate, ScriptedModel, Turn, wait_for_requests};
+use toolyard_tests::{TestEnv, User, images, random_suffix, repo_path, wait_until};
+
+/// One installation of the chart, serving one team namespace.
+struct Install {
+    /// The release: `toolyard-<random>`, so its objects are named `<release>-gateway` and so
+    /// on, like the walkthrough's `toolyard-gateway`, and a release left by an earlier run of
+    /// this test on the same cluster is no obstacle.
+    release: String,
+    /// The release namespace.
+    ns: String,
+    /// The namespace of the tools.
+    team: String,
+    /// `https://localhost:<port>`, forwarded to the gateway's Service.
+    base: String,
+    ca: reqwest::Certificate,
+    ca_file: PathBuf,
+    /// A token of ServiceAccount `quant` of the team namespace (audience `toolyard`).
+    token: String,
+    model: ScriptedModel,
+    /// Seconds from `helm install` to the first successful tool call.
+    install_to_first_call: Option<f64>,
+    started: Instant,
+    forward: Child,
+    dir: TempDir,
+}
+
+fn kubectl(args: &[&str]) -> String {
+    TestEnv::get().kubectl_as(User::Admin, args).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn kubectl_apply(ns: &str, yaml: &str) {
+    let dir = TempDir::new("apply");
+    let file = dir.path().join("objects.yaml");
+    std::fs::write(&file, yaml).expect("write manifest");
+    kubectl(&["-n", ns, "apply", "-f", file.to_str().expect("utf-8")]);
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+impl Install {
+    async fn start() -> Install {
+        let env = TestEnv::get();
+        let ns = env.namespace("toolyard").await.expect("namespace");
+        let team = env.namespace("team").await.expect("namespace");
+        for n in [&ns, &team] {
+            kubectl(&["label", "namespace", n, "pod-security.kubernetes.io/enforce=restricted"]);
+        }
+        let dir = TempDir::new("e2e-node");
+        let model = ScriptedModel::start_on(env.host_ip(), MODEL_KEY, vec![]).await;
+        let model_port =
+            model.base_url().rsplit(':').next().and_then(|p| p.trim_end_matches("/v1").parse::<u16>().ok());
+        let model_port = model_port.expect("model port");
+        kubectl(&[
+            "-n",
+            &team,
+            "create",
+            "secret",
+            "generic",
+            "model-key",
+            &format!("--from-literal=api-key={MODEL_KEY}"),
+        ]);
+
+        // The development S3 server of the walkthrough, in this release's namespace.
+        let s3 = std::fs::read_to_string(repo_path("examples/kind/s3.yaml")).expect("s3.yaml");
+        kubectl_apply(&ns, &s3.replace("namespace: toolyard", &format!("namespace: {ns}")));
+        kubectl(&["-n", &ns, "rollout", "status", "deployment/toolyard-s3", "--timeout=120s"]);
+
+        let release = format!("toolyard-{}", random_suffix(5));
+        let started = Instant::now();
+        let helm = std::process::Command::new(env.bin_dir().join("helm"))
+            .env("KUBECONFIG", env.kubeconfig(User::Admin))
+            .args(["install", &release, repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", &ns])
+            .args(["-f", repo_path("examples/kind/values.yaml").to_str().expect("utf-8")])
+            .args(["--set", &format!("watchNamespaces={{{team}}}")])
+            .args(["--set", &format!("gateway.storage.s3.endpoint=http://toolyard-s3.{ns}.svc:9000")])
+            .args(["--set", &format!("model.baseUrl={}", model.base_url()), "--set", &format!("model.name={MODEL_ID}")])
+            .args(["--set", "model.apiKeySecret.name=model-key", "--set", "model.apiKeySecret.key=api-key"])
+            .args(["--set", &format!("networkPolicy.modelEgress.to[0].ipBlock.cidr={}/32", env.host_ip())])
+            .args(["--set", &format!("networkPolicy.modelEgress.ports[0].port={model_port}")])
+            .args(["--wait", "--timeout", "5m"])
+            .output()
+            .expect("helm runs");
+        if !helm.status.success() {
+            dump(&ns, &team);
+            panic!("helm install: {}", String::from_utf8_lossy(&helm.stderr));
+        }
+
+        // The tools, as the README says, and the test's probes.
+        for file in ["examples/pricing/tools.yaml", "tests/fixtures/misbehaving/probes.yaml"] {
+            kubectl(&["-n", &team, "apply", "-f", repo_path(file).to_str().expect("utf-8")]);
+        }
+        let tools: Api<McpTool> = Api::namespaced(env.client(User::Admin).await, &team);
+        wait_until(Duration::from_secs(180), "every McpTool Ready (warm pools included)", || {
+            let tools = tools.clone();
+            async move {
+                let list = tools.list(&Default::default()).await?.items;
+                Ok(!list.is_empty() && list.iter().all(McpTool::is_ready))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| {
+            dump(&ns, &team);
+            panic!("{e:#}")
+        });
+
+        // A caller: ServiceAccount quant with the chart's user roles.
+        kubectl(&["-n", &team, "create", "serviceaccount", "quant"]);
+        for role in ["tool-caller", "task-runner"] {
+            kubectl(&[
+                "-n",
+                &team,
+                "create",
+                "rolebinding",
+                &format!("quant-{role}"),
+                &format!("--clusterrole={release}-{role}"),
+                &format!("--serviceaccount={team}:quant"),
+            ]);
+        }
+        let token = kubectl(&["-n", &team, "create", "token", "quant", "--audience", "toolyard"]).trim().to_owned();
+
+        // The gateway's self-signed certificate is the CA; port-forward as the walkthrough does.
+        let tls = Api::<Secret>::namespaced(env.client(User::Admin).await, &ns)
+            .get(&format!("{release}-gateway-tls"))
+            .await
+            .expect("TLS Secret");
+        let cert = tls.data.expect("data")["tls.crt"].0.clone();
+        let ca_file = dir.path().join("toolyard.crt");
+        std::fs::write(&ca_file, &cert).expect("write CA");
+        let ca = reqwest::Certificate::from_pem(&cert).expect("PEM");
+        let port = free_port();
+        let forward = Command::new(env.kubectl())
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig(User::Admin))
+            .args(["-n", &ns, "port-forward", &format!("service/{release}-gateway"), &format!("{port}:443")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("kubectl port-forward");
+        let base = format!("https://localhost:{port}");
+        let http = reqwest::Client::builder().tls_certs_only([ca.clone()]).build().expect("client");
+        wait_until(Duration::from_secs(30), "the port-forward", || {
+            let (http, url) = (http.clone(), format!("{base}/mcp"));
+            async move { Ok(http.get(url).send().await.is_ok()) }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        Install {
+            release,
+            ns,
+            team,
+            base,
+            ca,
+            ca_file,
+            token,
+            model,
+            install_to_first_call: None,
+            started,
+            forward,
+            dir,
+        }
+    }
+
+    fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder().tls_certs_only([self.ca.clone()]).build().expect("HTTPS client")
+    }
+
+    async fn client(&self) -> Client {
+        connect_with(self.http(), &format!("{}/mcp", self.base), &self.token, false).await
+    }
+
+    /// Pods of a namespace whose name starts with `prefix`.
+    async fn pods(&self, ns: &str, prefix: &str) -> Vec<Pod> {
+        let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, ns);
+        let list = pods.list(&ListParams::default()).await.expect("pods").items;
+        list.into_iter().filter(|p| p.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix))).collect()
+    }
+
+    async fn pod_ip(&self, ns: &str, prefix: &str) -> String {
+        let pods = self.pods(ns, prefix).await;
+        let ip = pods.iter().find_map(|p| p.status.as_ref().and_then(|s| s.pod_ip.clone()));
+        ip.unwrap_or_else(|| panic!("no running pod {prefix}* in {ns}"))
+    }
+
+    /// What a plain pod (no Toolyard labels) in `ns` with `labels` sees connecting to `targets`.
+    async fn probe_from_pod(&self, ns: &str, labels: &[(&str, &str)], targets: &[String]) -> Map<String, Value> {
+        let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, ns);
+        let name = format!("probe-{}", random_suffix(6));
+        let mut command: Vec<String> = vec![
+            "python3".into(),
+            "-c".into(),
+            format!(
+                "import json, sys, misbehaving; print(json.dumps(misbehaving.connect(sys.argv[1:], settle={SETTLE})))"
+            ),
+        ];
+        command.extend(targets.iter().cloned());
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                restart_policy: Some("Never".into()),
+                automount_service_account_token: Some(false),
+                security_context: Some(PodSecurityContext {
+                    run_as_non_root: Some(true),
+                    run_as_user: Some(65532),
+                    seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                    ..Default::default()
+                }),
+                containers: vec![Container {
+                    name: "probe".into(),
+                    image: Some(images::MISBEHAVING.into()),
+                    command: Some(command),
+                    security_context: Some(SecurityContext {
+                        allow_privilege_escalation: Some(false),
+                        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        pods.create(&PostParams::default(), &pod).await.expect("create probe pod");
+        wait_until(Duration::from_secs(120), "the probe pod to finish", || {
+            let (pods, name) = (pods.clone(), name.clone());
+            async move {
+                let phase = pods.get(&name).await?.status.and_then(|s| s.phase).unwrap_or_default();
+                Ok(phase == "Succeeded" || phase == "Failed")
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let logs = pods.logs(&name, &LogParams::default()).await.expect("probe logs");
+        match serde_json::from_str::<Value>(logs.lines().last().unwrap_or_default()) {
+            Ok(Value::Object(map)) => map,
+            _ => panic!("probe pod printed no result: {logs}"),
+        }
+    }
+
+    async fn lease_holder(&self) -> Option<String> {
+        let leases: Api<Lease> = Api::namespaced(TestEnv::get().client(User::Admin).await, &self.ns);
+        let lease = leases.get_opt(&format!("{}-controller", self.release)).await.ok().flatten()?;
+        lease.spec?.holder_identity
+    }
+
+    fn dump(&self) {
+        dump(&self.ns, &self.team);
+    }
+
+    async fn stop(mut self) {
+        let _ = self.forward.start_kill();
+        let _ = std::process::Command::new(TestEnv::get().bin_dir().join("helm"))
+            .env("KUBECONFIG", TestEnv::get().kubeconfig(User::Admin))
+            .args(["uninstall", &self.release, "-n", &self.ns, "--wait", "--timeout", "2m"])
+            .output();
+        drop(self.dir);
+    }
+}
+
+/// Prints what a failure needs: the pods, calls, tasks and events of both namespaces, and
+/// the gateway's and controller's logs.
+fn dump(ns: &str, team: &str) {
+    for (ns, what) in [(ns, "pods"), (team, "pods,mcptools,toolcalls,codingtasks")] {
+        let got = TestEnv::get().kubectl_as(User::Admin, &["-n", ns, "get", what, "-o", "wide"]);
+        eprintln!("----- {ns}: {what} -----\n{}", got.unwrap_or_else(|e| format!("{e:#}")));
+        let warnings =
+            TestEnv::get().kubectl_as(User::Admin, &["-n", ns, "get", "events", "--field-selector=type=Warning"]);
+        eprintln!("----- {ns}: warnings -----\n{}", warnings.unwrap_or_else(|e| format!("{e:#}")));
+    }
+    for component in ["gateway", "controller"] {
+        let selector = format!("app.kubernetes.io/component={component}");
+        let logs = TestEnv::get()
+            .kubectl_as(User::Admin, &["-n", ns, "logs", "-l", &selector, "--tail=80", "--prefix"])
+            .unwrap_or_else(|e| format!("{e:#}"));
+        eprintln!("----- {component} logs -----\n{logs}");
+    }
+}
+
+/// Runs the official Python SDK against the installation: lists tools and makes `calls`.
+fn python_sdk(install: &Install, calls: &[(&str, Value)]) -> Value {
+    let python = std::env::var("TOOLYARD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let calls: Vec<Value> = calls.iter().map(|(tool, args)| json!([tool, args])).collect();
+    let out = std::process::Command::new(python)
+        .arg(repo_path("tests/fixtures/python/mcp_sdk_calls.py"))
+        .arg(format!("{}/mcp", install.base))
+        .arg(&install.ca_file)
+        .arg(Value::Array(calls).to_string())
+        .env("MCP_TOKEN", &install.token)
+        .output()
+        .expect("python runs");
+    assert!(out.status.success(), "the Python SDK client failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// Seconds a probe waits before it connects: kube-router learns of a new pod (and puts its
+/// address in the policies' sets) a moment after the pod starts. Until then the pod's traffic
+/// is not yet subject to the policies, in either direction.
+const SETTLE: u32 = 5;
+
+fn is_open(outcome: &Map<String, Value>, target: &str) -> bool {
+    outcome.get(target).and_then(Value::as_str) == Some("open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
+    let mut install = Install::start().await;
+    let result = std::panic::AssertUnwindSafe(scenario(&mut install));
+    let outcome = futures::FutureExt::catch_unwind(result).await;
+    if outcome.is_err() {
+        install.dump();
+    }
+    install.stop().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn scenario(install: &mut Install) {
+    // The official Python SDK, over HTTPS with a ServiceAccount token: a Job and a warm pool.
+    let seen = python_sdk(
+        install,
+        &[
+            ("price_option", json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05})),
+            ("get_quote", json!({"symbol": "aapl"})),
+        ],
+    );
+    install.install_to_first_call = Some(install.started.elapsed().as_secs_f64());
+    let tools: Vec<&str> = seen["tools"].as_array().expect("tools").iter().filter_map(Value::as_str).collect();
+    for tool in ["price_option", "calc_greeks", "get_quote", "get_quote_fresh", "run_coding_task", "read_artifact"] {
+        assert!(tools.contains(&tool), "{tool} missing from {tools:?}");
+    }
+    let priced = &seen["results"][0];
+    assert_eq!(priced["isError"], false, "{priced}");
+    let price = priced["structuredContent"]["price"].as_f64().expect("price");
+    assert!((price - 10.4506).abs() < 1e-4, "{price}");
+    let quote = &seen["results"][1];
+    assert_eq!(quote["isError"], false, "{quote}");
+    assert_eq!(quote["structuredContent"]["symbol"], "AAPL", "{quote}");
+    assert_eq!(quote["structuredContent"]["last"], 227.5, "{quote}");
+    eprintln!(
+        "helm install to the first successful call: {:.1} s (price_option {:.2} s, get_quote {:.2} s)",
+        install.install_to_first_call.unwrap_or_default(),
+        priced["seconds"].as_f64().unwrap_or_default(),
+        quote["seconds"].as_f64().unwrap_or_default()
+    );
+
+    hardening(install).await;
+    missing_image(install).await;
+    cancellation_kills_the_pod(install).await;
+    network_policies(install).await;
+    coding_task_outlives_the_leading_controller(install).await;
+}
+
+/// The hardening of run pods, as the function sees it from inside its container.
+async fn hardening(install: &Install) {
+    let client = install.client().await;
+    let seen = structured(&call(&client, "sandbox", json!({})).await);
+    assert_eq!((seen["uid"].as_i64(), seen["gid"].as_i64()), (Some(65532), Some(65532)), "{seen}");
+    assert_eq!(seen["root_writable"], false, "the root filesystem is read-only: {seen}");
+    assert_eq!(seen["app_writable"], false, "the image's files are read-only: {seen}");
+    assert_eq!(seen["tmp_writable"], true, "/tmp is the tool's scratch space: {seen}");
+    assert_eq!(seen["service_account_token"], false, "no ServiceAccount token is mounted: {seen}");
+    assert_eq!(seen["no_new_privs"], "1", "{seen}");
+    assert_eq!(seen["seccomp"], "2", "seccomp filter (RuntimeDefault): {seen}");
+    assert_eq!(seen["cap_eff"], "0000000000000000", "no capabilities: {seen}");
+    assert_eq!(seen["cap_bnd"], "0000000000000000", "no capabilities to gain: {seen}");
+    let environment: Vec<&str> =
+        seen["environment"].as_array().expect("env").iter().filter_map(Value::as_str).collect();
+    for secret in ["TOOLYARD_TOKEN", "TOOLYARD_GATEWAY_URL"] {
+        assert!(!environment.contains(&secret), "{secret} reached the function: {environment:?}");
+    }
+
+    // Writing outside the temporary folder fails clearly; inside it works.
+    let outside = call(&client, "write_file", json!({"path": "/app/pricing/injected.py", "text": "x"})).await;
+    assert_eq!(outside.is_error, Some(true), "{}", text_of(&outside));
+    assert!(text_of(&outside).contains("Read-only file system"), "{}", text_of(&outside));
+    let inside = call(&client, "write_file", json!({"path": "/tmp/scratch.txt", "text": "hello"})).await;
+    assert_eq!(structured(&inside), json!({"written": 5}), "{}", text_of(&inside));
+}
+
+/// A tool whose image does not exist: the call fails with ImagePullFailed.
+async fn missing_image(install: &Install) {
+    kubectl_apply(
+        &install.team,
+        "apiVersion: toolyard.dev/v1alpha1\nkind: McpTool\nmetadata:\n  name: missing-image\nspec:\n  name: missing_image\n  \
+         description: A tool whose image does not exist.\n  inputSchema: {type: object}\n  runtime:\n    \
+         image: registry.invalid/toolyard/missing:1\n    command: [\"true\"]\n",
+    );
+    let client = install.client().await;
+    let failed = tokio::time::timeout(Duration::from_secs(120), async {
+        loop {
+            let result = call(&client, "missing_image", json!({})).await;
+            // The tool may not be listed yet: the catalog follows the McpTool.
+            if !text_of(&result).contains("unknown tool") && !text_of(&result).contains("not found") {
+                return result;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+    .await
+    .expect("the call ends");
+    assert_eq!(failed.is_error, Some(true), "{}", text_of(&failed));
+    let calls = Api::<ToolCall>::namespaced(TestEnv::get().client(User::Admin).await, &install.team);
+    let call = calls.list(&Default::default()).await.expect("calls").items;
+    let call = call.iter().find(|c| c.spec.tool == "missing-image").expect("the ToolCall");
+    let condition = toolyard_api::conditions::find(
+        &call.status.as_ref().expect("status").conditions,
+        toolyard_api::conditions::SUCCEEDED,
+    )
+    .expect("Succeeded condition");
+    assert_eq!(condition.reason, toolyard_api::conditions::reason::IMAGE_PULL_FAILED, "{}", text_of(&failed));
+}
+
+/// `notifications/cancelled` for a running call: the ToolCall is cancelled and its pod is killed.
+async fn cancellation_kills_the_pod(install: &Install) {
+    let http = install.http();
+    let post = |body: Value| {
+        http.post(format!("{}/mcp", install.base))
+            .bearer_auth(&install.token)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string())
+            .send()
+    };
+    let waiting = tokio::spawn(post(json!({
+        "jsonrpc": "2.0", "id": 41, "method": "tools/call",
+        "params": {"name": "hang_long", "arguments": {"seconds": 600}}
+    })));
+    let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, &install.team);
+    let running_pod = || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&ListParams::default()).await?.items;
+            Ok::<_, kube::Error>(list.into_iter().find(|p| {
+                p.metadata.name.as_deref().is_some_and(|n| n.starts_with("hang-long"))
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            }))
+        }
+    };
+    wait_until(Duration::from_secs(120), "the hang_long pod to run", || async { Ok(running_pod().await?.is_some()) })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let pod = running_pod().await.expect("pods").expect("running pod");
+    let pod_name = pod.metadata.name.clone().expect("name");
+    let accepted = post(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 41}}))
+        .await
+        .expect("POST");
+    assert_eq!(accepted.status(), 202);
+    let answer = tokio::time::timeout(Duration::from_secs(60), waiting).await.expect("the call ends");
+    let body = answer.expect("join").expect("response").text().await.expect("body");
+    assert!(body.contains("cancelled"), "{body}");
+    wait_until(Duration::from_secs(60), "the cancelled call's pod to be gone", || {
+        let (pods, name) = (pods.clone(), pod_name.clone());
+        async move { Ok(pods.get_opt(&name).await?.is_none()) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+/// Every NetworkPolicy the chart renders, enforced on the node (kube-router).
+async fn network_policies(install: &mut Install) {
+    let env = TestEnv::get();
+    let (ns, team) = (install.ns.clone(), install.team.clone());
+    let release = install.release.clone();
+    let internal = format!("{release}-gateway-internal.{ns}.svc:8081");
+    let dns = "kube-dns.kube-system.svc:53".to_owned();
+    let mcp = format!("{release}-gateway.{ns}.svc:443");
+    let s3 = format!("toolyard-s3.{ns}.svc:9000");
+    let apiserver = "kubernetes.default.svc:443".to_owned();
+    let gateway_ip = install.pod_ip(&ns, &format!("{release}-gateway-")).await;
+    let metrics = format!("{gateway_ip}:9090");
+    let pool = format!("{}:8080", install.pod_ip(&team, "get-quote-pool-").await);
+    let model = install.model.base_url().trim_start_matches("http://").trim_end_matches("/v1").to_owned();
+    let api_host = env.api_url().trim_start_matches("https://").to_owned();
+
+    // A run pod (a tool call): DNS and the gateway's internal port, nothing else.
+    let client = install.client().await;
+    let targets = [&internal, &dns, &mcp, &s3, &apiserver, &metrics, &pool, &model, &api_host];
+    let seen = structured(&call(&client, "connect", json!({"targets": targets, "settle": SETTLE})).await);
+    let seen = seen.as_object().expect("connect outcome");
+    assert!(is_open(seen, &internal) && is_open(seen, &dns), "a run pod reaches the internal API and DNS: {seen:?}");
+    for blocked in [&mcp, &s3, &apiserver, &metrics, &pool, &model, &api_host] {
+        assert!(!is_open(seen, blocked), "a run pod reached {blocked}: {seen:?}");
+    }
+
+    // The gateway's ingress: the MCP port from anywhere, the internal port only from run
+    // pods, metrics only from the release namespace. Run pods' ingress: only the gateway.
+    let plain = install
+        .probe_from_pod(&team, &[("app", "not-a-run")], &[mcp.clone(), internal.clone(), metrics.clone(), pool.clone()])
+        .await;
+    assert!(is_open(&plain, &mcp), "any pod reaches the MCP port: {plain:?}");
+    for blocked in [&internal, &metrics, &pool] {
+        assert!(!is_open(&plain, blocked), "a pod that is not a run reached {blocked}: {plain:?}");
+    }
+    let release = install.probe_from_pod(&ns, &[("app", "monitoring")], &[metrics.clone(), internal.clone()]).await;
+    assert!(is_open(&release, &metrics), "a pod of the release namespace scrapes metrics: {release:?}");
+    assert!(!is_open(&release, &internal), "only run pods reach the internal API: {release:?}");
+
+    // A coding agent's pod: also its model endpoint, and nothing more.
+    let code = format!(
+        "import json, socket, time\n\
+         def probe(t):\n    host, _, port = t.rpartition(':')\n    try:\n        \
+         socket.create_connection((host, int(port)), timeout=2).close()\n        return 'open'\n    \
+         except Exception as e:\n        return type(e).__name__\n\
+         time.sleep({SETTLE})\n\
+         print('NETCHECK ' + json.dumps({{t: probe(t) for t in {targets:?}}}))"
+    );
+    install.model.set_script(vec![
+        Turn::code(&code),
+        Turn::code("final_answer({'task_type': 'answer', 'summary': 'checked the network'})"),
+    ]);
+    let before = install.model.requests().len();
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "check the network"})).await);
+    assert_eq!(result["status"], "success", "{result}");
+    let requests = install.model.requests();
+    let observation = coding_support::last_message(&requests[before + 1]);
+    let line =
+        observation.lines().find_map(|l| l.trim().strip_prefix("NETCHECK ")).unwrap_or_else(|| panic!("{observation}"));
+    let agent: Map<String, Value> = serde_json::from_str(line).expect("NETCHECK JSON");
+    for open in [&model, &internal, &dns] {
+        assert!(is_open(&agent, open), "the agent reaches {open}: {agent:?}");
+    }
+    for blocked in [&mcp, &s3, &apiserver, &metrics, &pool, &api_host] {
+        assert!(!is_open(&agent, blocked), "the agent reached {blocked}: {agent:?}");
+    }
+}
+
+/// A coding task with the pricing scenario (a CSV artifact read back at the end), during
+/// which the leading controller pod is deleted: the other replica takes over and finishes it.
+async fn coding_task_outlives_the_leading_controller(install: &mut Install) {
+    let client = install.client().await;
+    let gate = Gate::new();
+    let mut turns = coding_support::pricing_turns();
+    turns[1] = turns[1].clone().held(&gate);
+    install.model.set_script(turns);
+    let before = install.model.requests().len();
+    let first_leader = install.lease_holder().await.expect("a controller leads");
+    let run = call(&client, "run_coding_task", json!({"task": coding_support::PRICING_TASK}));
+    let failover = async {
+        wait_for_requests(&install.model, before + 2, Duration::from_secs(180)).await.expect("the second step");
+        let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, &install.ns);
+        pods.delete(&first_leader, &DeleteParams::default()).await.expect("delete the leading controller pod");
+        gate.open();
+    };
+    let (result, ()) = tokio::join!(run, failover);
+    let result = structured(&result);
+    assert_eq!(result["status"], "success", "{result}");
+    let requests = install.model.requests()[before..].to_vec();
+    coding_support::check_pricing(&client, &result, &requests).await;
+    let second_leader = install.lease_holder().await.expect("a controller leads");
+    assert_ne!(first_leader, second_leader, "the other replica took over");
+}
