@@ -410,7 +410,8 @@ async fn the_kind_walkthrough_matches_the_chart() {
     env.install_crds().await.unwrap();
     let readme = std::fs::read_to_string(repo_path("README.md")).expect("README");
     let section = readme.split("### Try it on kind").nth(1).expect("a kind section").split("\n## ").next().unwrap();
-    let script = std::fs::read_to_string(repo_path("scripts/kind.sh")).expect("scripts/kind.sh");
+    let script = std::fs::read_to_string(repo_path("scripts/kind.sh")).expect("scripts/kind.sh")
+        + &std::fs::read_to_string(repo_path("scripts/install-example.sh")).expect("scripts/install-example.sh");
     let dockerfile = std::fs::read_to_string(repo_path("Dockerfile")).expect("Dockerfile");
     let s3 = documents(&std::fs::read_to_string(repo_path("examples/kind/s3.yaml")).expect("s3.yaml"));
 
@@ -469,6 +470,9 @@ async fn the_kind_walkthrough_matches_the_chart() {
     };
     assert!(env_of("TOOLYARD_ALLOWED_HOSTS").split(',').any(|h| h == "localhost"), "https://localhost:8443 is allowed");
     assert_eq!(env_of("TOOLYARD_TOKENREVIEW_AUDIENCE"), "toolyard", "`create token --audience toolyard`");
+    // Numbers reach the binaries as integers (Helm reads them as floats: 4194304 printed as
+    // 4.194304e+06 once, and the gateway refused to start).
+    assert_eq!(env_of("TOOLYARD_MAX_BODY_BYTES"), "4194304");
     // The S3 settings point at the dev server's Service and Secret.
     let s3_service = s3.iter().find(|d| d["kind"] == "Service").expect("S3 Service");
     let s3_secret = s3.iter().find(|d| d["kind"] == "Secret").expect("S3 Secret");

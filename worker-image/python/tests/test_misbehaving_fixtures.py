@@ -87,9 +87,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_committed_fixture_manifest_matches_the_code(tmp_path):
-    regenerated = tmp_path / "tools.yaml"
-    proc = subprocess.run(["bash", str(FIXTURES / "generate.sh"), str(regenerated)], capture_output=True, text=True)
+def test_committed_fixture_manifests_match_the_code(tmp_path):
+    proc = subprocess.run(["bash", str(FIXTURES / "generate.sh"), str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    committed = (FIXTURES / "tools.yaml").read_text()
-    assert regenerated.read_text() == committed, "stale: run tests/fixtures/misbehaving/generate.sh"
+    for name in ("tools.yaml", "probes.yaml"):
+        committed = (FIXTURES / name).read_text()
+        assert (tmp_path / name).read_text() == committed, f"stale {name}: run tests/fixtures/misbehaving/generate.sh"
