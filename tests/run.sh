@@ -19,8 +19,8 @@ export TOOLYARD_CACHE=${TOOLYARD_CACHE:-$HOME/.cache/toolyard}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$TOOLYARD_CACHE/target}
 export TOOLYARD_CLUSTER_RUN=${TOOLYARD_CLUSTER_RUN:-$(mktemp -d "${TMPDIR:-/tmp}/toolyard-test-XXXXXX")}
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
-LOGS=$TOOLYARD_CLUSTER_RUN/run-logs
-mkdir -p "$LOGS"
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/toolyard-run-logs-XXXXXX")
+trap 'rm -rf "$LOGS"' EXIT
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 fail() { echo "tests/run.sh: $*" >&2; exit 1; }
@@ -151,7 +151,8 @@ CLUSTER_OK=1
 if ((IMAGES_OK != 0)); then
   not_run "test cluster: start" "the images could not be built"
 else
-  trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN"' EXIT
+  # Also on an interrupted run; after the "stop" suite below it finds nothing to stop.
+  trap 'tests/cluster/cluster.sh stop; rm -rf "$TOOLYARD_CLUSTER_RUN" "$LOGS"' EXIT
   suite "test cluster: start (in $TOOLYARD_CLUSTER_RUN)" tests/cluster/cluster.sh start
   CLUSTER_OK=$?
 fi
@@ -170,6 +171,11 @@ else
   while read -r target; do
     FAILED+=("    Rust test target $target")
   done < <(sed -n '/targets\{0,1\} failed:/,$p' "$LOGS/cargo-test.log" | grep -o '`[^`]*`' | tr -d '`')
+fi
+
+if [[ -f $TOOLYARD_CLUSTER_RUN/cgroup ]]; then
+  # Fails when any process, cgroup, network link or mount of the cluster is left behind.
+  suite "test cluster: stop, nothing left behind" tests/cluster/cluster.sh stop
 fi
 
 # --- Python and chart -------------------------------------------------------------------

@@ -89,9 +89,10 @@ fn watch_calls(api: Api<ToolCall>, log: Log) {
             let mut log = log.lock().expect("lock");
             let seen = log.entry(call.metadata.name.clone().unwrap_or_default()).or_default();
             seen.created.get_or_insert(now);
-            let succeeded = call.status.as_ref().is_some_and(|s| {
-                toolyard_api::conditions::is_true(&s.conditions, toolyard_api::conditions::SUCCEEDED)
-            });
+            let succeeded = call
+                .status
+                .as_ref()
+                .is_some_and(|s| toolyard_api::conditions::is_true(&s.conditions, toolyard_api::conditions::SUCCEEDED));
             if succeeded {
                 seen.done.get_or_insert(now);
             }

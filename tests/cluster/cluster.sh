@@ -87,6 +87,12 @@ start_node() {
 # in_node <command...>: runs a command in the node's namespaces, in the foreground.
 in_node() { nsenter --target "$(cat "$RUN/pids/node-ns")" --mount --net -- "$@"; }
 
+# host_rules: the host's own iptables rules and ipsets (without counters). Everything the
+# cluster adds lives in the node's network namespace; `stop` checks that these are as before.
+host_rules() {
+  { iptables-save; ip6tables-save; ipset list -n; } 2>/dev/null | sed -e 's/\[[0-9]*:[0-9]*\]//' | grep -v '^#' | sort
+}
+
 # --- prerequisites ----------------------------------------------------------------------
 preflight() {
   local b missing=()
@@ -401,6 +407,7 @@ start() {
   GROUP=toolyard-test-$ID
   echo "$GROUP" >"$RUN/cgroup"
   trap 'log "start failed; stopping what was started"; stop' ERR
+  host_rules >"$RUN/host-rules.before"
   cgroup_create "$GROUP"
 
   local N
@@ -527,9 +534,14 @@ stop() {
     ip netns list | grep -qw "$netns" && { log "the network namespace $netns is left"; left=1; }
     ip link show "ty${netns#toolyard-}-h" >/dev/null 2>&1 && { log "the link ty${netns#toolyard-}-h is left"; left=1; }
   fi
+  if [[ -f $RUN/host-rules.before ]] && ! diff -u "$RUN/host-rules.before" <(host_rules) >"$RUN/host-rules.diff"; then
+    log "the host's iptables rules or ipsets changed while the cluster ran:"
+    cat "$RUN/host-rules.diff" >&2
+    left=1
+  fi
   m=$(awk -v run="$RUN" 'index($5, run) == 1 { print $5 }' /proc/self/mountinfo)
   [[ -z $m ]] || { log "mounts left under $RUN: $m"; left=1; }
-  rm -rf "$RUN/pids" "$RUN/etcd" "$RUN/cgroup" "$RUN/netns" "$RUN/node"
+  rm -rf "$RUN/pids" "$RUN/etcd" "$RUN/cgroup" "$RUN/netns" "$RUN/node" "$RUN/host-rules.before"
   ((left == 0)) || die "stopped, but something was left behind (see above)"
 }
 
