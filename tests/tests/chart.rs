@@ -409,7 +409,13 @@ async fn the_kind_walkthrough_matches_the_chart() {
     let env = TestEnv::get();
     env.install_crds().await.unwrap();
     let readme = std::fs::read_to_string(repo_path("README.md")).expect("README");
-    let section = readme.split("### Try it on a local cluster").nth(1).expect("a local cluster section").split("\n## ").next().unwrap();
+    let section = readme
+        .split("### Try it on a local cluster")
+        .nth(1)
+        .expect("a local cluster section")
+        .split("\n## ")
+        .next()
+        .unwrap();
     let script = std::fs::read_to_string(repo_path("scripts/kind.sh")).expect("scripts/kind.sh")
         + &std::fs::read_to_string(repo_path("scripts/install-example.sh")).expect("scripts/install-example.sh");
     let dockerfile = std::fs::read_to_string(repo_path("Dockerfile")).expect("Dockerfile");
