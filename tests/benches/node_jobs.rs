@@ -5,7 +5,8 @@
 //! the same run (the two alternate, call by call).
 //!
 //! `tests/cluster/build.sh && cargo build --workspace --bins && tests/cluster/images.sh &&
-//!  tests/cluster/cluster.sh start && cargo bench -p toolyard-tests --bench node_jobs`
+//!  tests/cluster/cluster.sh start && TOOLYARD_BIN_DIR=$CARGO_TARGET_DIR/debug cargo bench -p toolyard-tests --bench node_jobs`
+//! (the gateway and controller binaries: the debug builds the images hold)
 //!
 //! Times are taken here, when a watch on the apiserver delivers each change (the objects'
 //! own timestamps have one-second resolution): "created" is the ToolCall's (or the bare
@@ -37,6 +38,7 @@ struct Seen {
     created: Option<Instant>,
     running: Option<Instant>,
     done: Option<Instant>,
+    failed: bool,
 }
 
 type Log = Arc<Mutex<HashMap<String, Seen>>>;
@@ -72,8 +74,10 @@ fn watch_pods(api: Api<Pod>, log: Log, by_call: bool) {
                 if started(&pod) {
                     seen.running.get_or_insert(now);
                 }
-                if !by_call && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded") {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                if !by_call && matches!(phase, Some("Succeeded" | "Failed")) {
                     seen.done.get_or_insert(now);
+                    seen.failed = phase == Some("Failed");
                 }
             }
         }
@@ -142,7 +146,7 @@ async fn main() {
     watch_pods(Api::namespaced(admin.clone(), &bare_ns), bare.clone(), false);
 
     let arguments = json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05});
-    let script = "import json; from pricing import price_option; \
+    let script = "import json; from pricing.options import price_option; \
                   print(json.dumps(price_option(spot=100, strike=100, time_to_expiry=1, volatility=0.2, rate=0.05).__dict__))";
     let call = || {
         let serde_json::Value::Object(map) = arguments.clone() else { unreachable!() };
@@ -178,6 +182,7 @@ async fn main() {
             .expect("kubectl run");
         assert!(out.status.success(), "kubectl run: {}", String::from_utf8_lossy(&out.stderr));
         let bare_seen = wait_for(&bare, &pod, |s| s.done.is_some()).await;
+        assert!(!bare_seen.failed, "{pod} failed: kubectl -n {bare_ns} logs {pod}");
         if i == 0 {
             continue; // warm-up of the alternation
         }
