@@ -42,10 +42,6 @@ pub struct Config {
     #[arg(long, env = "TOOLYARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
 
-    /// Model settings used when a CodingTask leaves them unset.
-    #[command(flatten)]
-    pub model: ModelDefaults,
-
     /// Timing of runs: retention, graces, Job TTL.
     #[command(flatten)]
     pub timing: Timing,
@@ -69,29 +65,6 @@ pub struct Config {
     /// Log as JSON lines instead of text (`RUST_LOG` sets the filter).
     #[arg(long, env = "TOOLYARD_LOG_JSON", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub log_json: bool,
-}
-
-/// Model settings for CodingTasks that do not name their own.
-#[derive(Clone, Debug, Default, Args)]
-pub struct ModelDefaults {
-    /// Base URL of the OpenAI-compatible API.
-    #[arg(long = "model-base-url", env = "TOOLYARD_MODEL_BASE_URL")]
-    pub base_url: Option<String>,
-    /// Model id.
-    #[arg(long = "model", env = "TOOLYARD_MODEL")]
-    pub model: Option<String>,
-    /// Secret key holding the API key, as `<secret-name>/<key>` (in the task's namespace).
-    #[arg(long = "model-api-key-secret", env = "TOOLYARD_MODEL_API_KEY_SECRET", value_parser = parse_secret_key_ref)]
-    pub api_key_secret: Option<toolyard_api::SecretKeyRef>,
-}
-
-fn parse_secret_key_ref(s: &str) -> Result<toolyard_api::SecretKeyRef, String> {
-    match s.split_once('/') {
-        Some((name, key)) if !name.is_empty() && !key.is_empty() && !key.contains('/') => {
-            Ok(toolyard_api::SecretKeyRef { name: name.to_owned(), key: key.to_owned() })
-        }
-        _ => Err(format!("expected <secret-name>/<key>, got {s:?}")),
-    }
 }
 
 /// Timing of runs.
@@ -262,16 +235,6 @@ mod tests {
         assert_eq!(c.timing.codingtask_retention_seconds, None);
         let all = Config::try_parse_from(["toolyard-controller"]).unwrap();
         assert_eq!(all.scopes(), vec![Scope::Cluster]);
-    }
-
-    #[test]
-    fn model_api_key_secret_needs_name_and_key() {
-        let c = Config::try_parse_from(["x", "--model-api-key-secret", "model/api-key"]).unwrap();
-        let r = c.model.api_key_secret.unwrap();
-        assert_eq!((r.name.as_str(), r.key.as_str()), ("model", "api-key"));
-        for bad in ["model", "/key", "model/", "a/b/c"] {
-            assert!(Config::try_parse_from(["x", "--model-api-key-secret", bad]).is_err(), "{bad}");
-        }
     }
 
     #[test]

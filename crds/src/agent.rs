@@ -36,18 +36,22 @@ pub mod path {
     pub fn result(id: &str) -> String {
         format!("{PREFIX}/tasks/{id}/result")
     }
+    /// Base URL of the task's model: an OpenAI-compatible API (`POST .../chat/completions`)
+    /// served by the gateway with the task token as the API key; the gateway forwards each
+    /// request to the task's model profile with the profile's key.
+    pub fn model_base(id: &str) -> String {
+        format!("{PREFIX}/tasks/{id}/model")
+    }
+    /// `POST`: one chat completion through the gateway (see [`model_base`]).
+    pub fn model_chat(id: &str) -> String {
+        format!("{}/chat/completions", model_base(id))
+    }
 }
 
 /// Environment of `toolyard-runner agent`, besides the runner protocol's
-/// ([`crate::protocol::env`]). The controller sets the model settings in the agent's Job (the
-/// key from a Secret); the embedded gateway passes its own `TOOLYARD_MODEL*` environment on.
+/// ([`crate::protocol::env`]). There is no model setting among them: the agent reaches the
+/// model through the gateway ([`path::model_base`]) with its task token.
 pub mod env {
-    /// Base URL of the OpenAI-compatible model API, e.g. `https://api.openai.com/v1`.
-    pub const MODEL_BASE_URL: &str = "TOOLYARD_MODEL_BASE_URL";
-    /// Model id.
-    pub const MODEL: &str = "TOOLYARD_MODEL";
-    /// The model API key (never logged).
-    pub const MODEL_API_KEY: &str = "TOOLYARD_MODEL_API_KEY";
     /// The Python interpreter of the agent's harness.
     pub const AGENT_PYTHON: &str = "TOOLYARD_AGENT_PYTHON";
     /// `PYTHONPATH` of the harness (where the `toolyard` package is).
@@ -108,6 +112,9 @@ pub struct TaskSpec {
     pub deadline_unix_ms: i64,
     /// Largest artifact accepted, in bytes.
     pub max_artifact_bytes: u64,
+    /// Model id of the task's profile (what the gateway asks the endpoint for; it names the
+    /// model in the agent's requests, which the gateway overrides).
+    pub model: String,
 }
 
 /// Body of a tool call made by the agent.

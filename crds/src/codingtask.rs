@@ -53,9 +53,10 @@ pub struct CodingTaskSpec {
     #[x_kube(validation = Rule::new("self == oldSelf").message("tools is immutable"))]
     pub tools: ToolSelection,
 
-    /// Model endpoint and credentials; unset fields come from the gateway's configuration.
+    /// The model profile; unset: the gateway's default profile.
     #[serde(default)]
-    pub model: ModelSettings,
+    #[x_kube(validation = Rule::new("self == oldSelf").message("model is immutable"))]
+    pub model: ModelChoice,
 
     /// Limits of the run.
     #[serde(default)]
@@ -82,20 +83,28 @@ pub struct ToolSelection {
     pub toolset: Option<String>,
 }
 
-/// Model settings of a task. API keys only by Secret reference, never inline.
+/// Which model a task uses: the name of a model profile the operator configured on the
+/// gateway (endpoint, model id and key). A task never names an endpoint or a key: the agent
+/// reaches the model only through the gateway, which adds the key, so no key enters a pod.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct ModelSettings {
-    /// Base URL of an OpenAI-compatible chat-completions API.
+#[x_kube(validation = Rule::new("!has(self.baseUrl) && !has(self.model) && !has(self.apiKeySecretRef)").message("spec.model names a model profile (spec.model.profile); baseUrl, model and apiKeySecretRef are no longer accepted: the operator configures endpoints, models and keys as model profiles of the gateway"))]
+pub struct ModelChoice {
+    /// Name of a model profile of the gateway; unset: its default profile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.startsWith('https://') || self.startsWith('http://')").message("baseUrl must be an http(s) URL"))]
-    #[schemars(length(min = 1, max = 2048))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("profile must be a lowercase name of letters, digits and '-'"))]
+    #[schemars(length(min = 1, max = 63))]
+    pub profile: Option<String>,
+    /// No longer accepted (the validation rule above refuses it with a message): kept in the
+    /// schema so that an old manifest is refused instead of silently pruned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048))]
     pub base_url: Option<String>,
-    /// Model id.
+    /// No longer accepted (see `baseUrl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 256))]
+    #[schemars(length(max = 256))]
     pub model: Option<String>,
-    /// Secret key holding the API key.
+    /// No longer accepted (see `baseUrl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_secret_ref: Option<SecretKeyRef>,
 }
@@ -121,6 +130,10 @@ pub struct Budgets {
     #[serde(default = "default_task_timeout")]
     #[schemars(range(min = 10, max = 86400))]
     pub timeout_seconds: i32,
+    /// Most model tokens (prompt and completion) the task may use, counted by the gateway.
+    #[serde(default = "default_model_tokens")]
+    #[schemars(range(min = 1000, max = 1_000_000_000))]
+    pub max_model_tokens: i64,
 }
 
 fn default_steps() -> i32 {
@@ -135,6 +148,9 @@ fn default_tool_calls() -> i32 {
 fn default_task_timeout() -> i32 {
     1800
 }
+fn default_model_tokens() -> i64 {
+    2_000_000
+}
 
 impl Default for Budgets {
     fn default() -> Self {
@@ -143,6 +159,7 @@ impl Default for Budgets {
             max_model_calls: default_model_calls(),
             max_tool_calls: default_tool_calls(),
             timeout_seconds: default_task_timeout(),
+            max_model_tokens: default_model_tokens(),
         }
     }
 }
@@ -179,7 +196,8 @@ pub struct ArtifactInfo {
 /// Writers: the controller writes `conditions`, `jobName`, `startTime`, `completionTime`
 /// (field manager `toolyard-controller`); the gateway writes the result fields `taskType`,
 /// `summary`, `metrics`, `artifacts`, `steps`, `modelCalls`, `toolCalls` from the stored
-/// result (field manager `toolyard-gateway`).
+/// result, and `modelTokens` as the task's model calls go through it (field manager
+/// `toolyard-gateway`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CodingTaskStatus {
@@ -211,6 +229,9 @@ pub struct CodingTaskStatus {
     /// Tool calls made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<i32>,
+    /// Model tokens used so far (prompt and completion), counted by the gateway's model proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_tokens: Option<i64>,
     /// Name of the Job running the agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,

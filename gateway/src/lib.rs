@@ -27,6 +27,7 @@ pub mod local;
 pub mod logging;
 pub mod mcp;
 pub mod metrics;
+pub mod model;
 pub mod self_wake;
 pub mod serve;
 pub mod server;

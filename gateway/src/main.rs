@@ -25,6 +25,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    // Not dumpable: another process of the same user (in the local mode, the tools and the
+    // coding agents' code run as this user) cannot read this one's environment or memory
+    // through /proc, nor attach to it. The gateway holds the model keys and the signing key.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| anyhow::anyhow!("cannot make the process non-dumpable: {e}"))?;
     match Cli::parse().command {
         Command::Serve(args) => toolyard_gateway::serve::run(*args).await,
         Command::Local(args) => toolyard_gateway::local::run(*args).await,

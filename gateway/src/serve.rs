@@ -101,6 +101,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub authz: AuthzArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub models: crate::model::ModelArgs,
 }
 
 /// Where call and task files go.
@@ -271,6 +274,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         auth_metrics.register(r);
     });
     let authorizer = args.authz.build(Some(client.clone()), authz_metrics)?;
+    let models = args.models.build(&metrics)?;
     let auth = args
         .auth
         .build(crate::auth::config::AuthContext {
@@ -309,9 +313,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         catalog: catalog.clone(),
         authorizer: authorizer.clone(),
         executor: executor.clone(),
+        models: models.clone(),
     };
     let state = AppState::new(catalog, executor, store.clone(), authorizer, settings)
         .with_tasks(tasks)
+        .with_models(models.shared_profiles())
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
 

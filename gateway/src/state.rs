@@ -14,6 +14,7 @@ use crate::executor::Executor;
 use crate::limits::{LimitSettings, Limits};
 use crate::mcp::cancel::CancelRegistry;
 use crate::metrics::Metrics;
+use crate::model::ModelProfiles;
 use crate::store::ArtifactStore;
 use crate::tasks::TaskBackend;
 
@@ -70,6 +71,8 @@ pub struct AppState {
     pub authorizer: Arc<dyn Authorizer>,
     /// Where coding tasks run (`None`: no task tools).
     pub tasks: Option<Arc<dyn TaskBackend>>,
+    /// The model profiles coding tasks may name.
+    pub models: Arc<ModelProfiles>,
     /// Tool calls this process waits on, for `notifications/cancelled`.
     pub cancels: Arc<CancelRegistry>,
     /// Admission state.
@@ -104,6 +107,7 @@ impl AppState {
             store,
             authorizer,
             tasks: None,
+            models: Arc::new(ModelProfiles::none()),
             cancels: Arc::new(CancelRegistry::default()),
             limits: Arc::new(Limits::new(settings.limits.clone())),
             metrics: Arc::new(Metrics::new()),
@@ -122,6 +126,12 @@ impl AppState {
     /// The same state with coding tasks run by `backend`.
     pub fn with_tasks(mut self, backend: Arc<dyn TaskBackend>) -> Self {
         self.tasks = Some(backend);
+        self
+    }
+
+    /// The same state with these model profiles.
+    pub fn with_models(mut self, models: Arc<ModelProfiles>) -> Self {
+        self.models = models;
         self
     }
 

@@ -121,7 +121,22 @@ async fn the_non_default_values_render_every_optional_part_and_pass_a_server_sid
     assert_eq!(env_of(gateway, "TOOLYARD_PLAIN_HTTP"), Some(json!("true")));
     let controller = find(&docs, "Deployment", "ty-toolyard-controller");
     assert_eq!(controller["spec"]["replicas"], 3);
-    assert_eq!(env_of(controller, "TOOLYARD_MODEL_BASE_URL"), Some(json!("https://api.openai.com/v1")));
+    // Model profiles go to the gateway alone: the controller (and so every agent pod it makes)
+    // gets no model setting and no key.
+    let controller_env = controller["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(!controller_env.contains("MODEL"), "{controller_env}");
+    assert_eq!(env_of(gateway, "TOOLYARD_MODEL_PROFILES"), Some(json!("/etc/toolyard/model-profiles/profiles.yaml")));
+    assert_eq!(env_of(gateway, "TOOLYARD_MODEL_USER_TOKENS_PER_DAY"), Some(json!("5000000")));
+    let profiles = find(&docs, "ConfigMap", "ty-toolyard-gateway-model-profiles")["data"]["profiles.yaml"]
+        .as_str()
+        .expect("profiles.yaml")
+        .to_owned();
+    assert!(
+        profiles.contains("default: \"local\"")
+            && profiles.contains("apiKeyFile: \"/etc/toolyard/model-keys/openai/key\"")
+    );
+    let volumes = gateway["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(volumes.contains(r#""path":"openai/key""#) && volumes.contains(r#""name":"openai""#), "{volumes}");
     assert_eq!(env_of(controller, "TOOLYARD_CODINGTASK_RETENTION_SECONDS"), Some(json!("86400")));
     // Every namespace served: cluster-wide roles, and no per-namespace run policies to render.
     find(&docs, "ClusterRole", "ty-toolyard-controller");

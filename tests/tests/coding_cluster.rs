@@ -1,15 +1,16 @@
 //! Coding tasks on the test cluster with nothing stubbed but the LLM: MCP client → the real
 //! `toolyard-gateway serve` → CodingTask → the real controller → Job → the test node runs
-//! `toolyard-runner agent` (model settings from the controller, the key from a Secret) → the
-//! agent's tool calls come back through the gateway's internal API as ToolCalls → more Jobs →
-//! results in the real S3 server. The model is the deterministic scripted server.
+//! `toolyard-runner agent` (no model setting, no key: its model calls go through the gateway,
+//! which holds the model profiles) → the agent's tool calls come back through the gateway's
+//! internal API as ToolCalls → more Jobs → results in the real S3 server. The model is the
+//! deterministic scripted server.
 
 mod coding_support;
 mod e2e_support;
 
 use std::time::Duration;
 
-use coding_support::{Client, MODEL_ID, MODEL_KEY, call, connect_with, ok, structured, text_of, wait_final};
+use coding_support::{Client, MODEL_KEY, call, connect_with, ok, structured, text_of, wait_final};
 use e2e_support::Platform;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
@@ -18,16 +19,15 @@ use toolyard_api::{CodingTask, ToolCall};
 use toolyard_tests::model_server::{Gate, ScriptedModel, Turn, wait_for_requests};
 use toolyard_tests::{TestEnv, User, wait_until};
 
-const MODEL_SECRET: &str = "model-key";
-
 fn kubectl(ns: &str, args: &[&str]) {
     let mut all = vec!["-n", ns];
     all.extend_from_slice(args);
     TestEnv::get().kubectl_as(User::Admin, &all).unwrap_or_else(|e| panic!("kubectl {args:?}: {e:#}"));
 }
 
-/// `user` may call the pricing functions (not the misbehaving tools) and start coding tasks.
-fn grant(ns: &str, user: &str) {
+/// `user` may call the pricing functions (not the misbehaving tools) and start coding tasks
+/// with the model profiles `profiles` (RBAC verb `use` on `modelprofiles`).
+fn grant(ns: &str, user: &str, profiles: &[&str]) {
     let role = format!("coding-{user}");
     kubectl(
         ns,
@@ -45,19 +45,46 @@ fn grant(ns: &str, user: &str) {
     let tasks = format!("tasks-{user}");
     kubectl(ns, &["create", "role", &tasks, "--verb=create", "--resource=codingtasks.toolyard.dev"]);
     kubectl(ns, &["create", "rolebinding", &tasks, &format!("--role={tasks}"), &format!("--user={user}")]);
+    if profiles.is_empty() {
+        return;
+    }
+    // (`kubectl create role` refuses resources the apiserver does not serve; RBAC does not.)
+    let models = format!("models-{user}");
+    let role = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": models, "namespace": ns},
+        "rules": [{"apiGroups": ["toolyard.dev"], "resources": ["modelprofiles"], "verbs": ["use"],
+                   "resourceNames": profiles}]});
+    let dir = toolyard_tests::local::TempDir::new("role");
+    let file = dir.path().join("role.json");
+    std::fs::write(&file, role.to_string()).expect("role");
+    kubectl(ns, &["apply", "-f", file.to_str().expect("utf-8")]);
+    kubectl(ns, &["create", "rolebinding", &models, &format!("--role={models}"), &format!("--user={user}")]);
 }
 
-async fn start(model_url: &str) -> Platform {
-    let platform = Platform::start(&[
-        ("TOOLYARD_MODEL_BASE_URL", model_url),
-        ("TOOLYARD_MODEL", MODEL_ID),
-        ("TOOLYARD_MODEL_API_KEY_SECRET", &format!("{MODEL_SECRET}/api-key")),
-    ])
-    .await;
-    kubectl(
-        &platform.ns,
-        &["create", "secret", "generic", MODEL_SECRET, &format!("--from-literal=api-key={MODEL_KEY}")],
-    );
+/// The gateway's model profiles, as a file in `dir`: each (name, base URL, API key).
+fn profiles_file(dir: &toolyard_tests::local::TempDir, profiles: &[(&str, &str, &str)]) -> String {
+    let mut yaml = String::from("profiles:\n");
+    for (name, url, key) in profiles {
+        let key_file = dir.path().join(format!("{name}.key"));
+        std::fs::write(&key_file, key).expect("key file");
+        yaml.push_str(&format!(
+            "  - name: {name}\n    baseUrl: {url}\n    model: {name}-model\n    apiKeyFile: {}\n",
+            key_file.display()
+        ));
+    }
+    if let Some((first, _, _)) = profiles.first() {
+        yaml = format!("default: {first}\n{yaml}");
+    }
+    let file = dir.path().join("profiles.yaml");
+    std::fs::write(&file, yaml).expect("profiles");
+    file.display().to_string()
+}
+
+/// The platform with these model profiles (the first is the default), the pricing and the
+/// misbehaving tools.
+async fn start(dir: &toolyard_tests::local::TempDir, profiles: &[(&str, &str, &str)]) -> Platform {
+    let file = profiles_file(dir, profiles);
+    let platform = Platform::start(&[("TOOLYARD_MODEL_PROFILES", &file)]).await;
     platform.apply_tools("examples/pricing/tools.yaml").await;
     platform.apply_tools("tests/fixtures/misbehaving/tools.yaml").await;
     platform
@@ -101,10 +128,11 @@ async fn start_task(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
     let model = ScriptedModel::start_on(TestEnv::get().host_ip(), MODEL_KEY, vec![]).await;
-    let mut platform = start(&model.base_url()).await;
+    let profiles = toolyard_tests::local::TempDir::new("profiles");
+    let mut platform = start(&profiles, &[("scripted", &model.base_url(), MODEL_KEY)]).await;
     let ns = platform.ns.clone();
-    grant(&ns, "alice");
-    grant(&ns, "bob");
+    grant(&ns, "alice", &["scripted"]);
+    grant(&ns, "bob", &["scripted"]);
     let env = TestEnv::get();
     let admin = env.client(User::Admin).await;
     let alice = client(&platform, User::Alice).await;
@@ -159,20 +187,17 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
         calls.iter().filter(|c| c.spec.parent_task.as_deref() == Some(task.as_str())).collect();
     assert_eq!(children.len(), 7, "{}", calls.len());
     assert!(children.iter().all(|c| c.spec.owner.user == "alice"));
-    // The chart's NetworkPolicies: the agent pod may reach the model (and, as every run pod,
-    // DNS and the gateway's internal port); the tool pods it caused may not reach the model.
+    // The chart's NetworkPolicies: the agent pod is a run pod like the tool pods it caused
+    // (DNS and the gateway's internal port; it reaches its model through the gateway).
     let pods = Api::<Pod>::namespaced(admin.clone(), &ns).list(&Default::default()).await.expect("pods").items;
     let labels_of = |pod: &Pod| pod.metadata.labels.clone().unwrap_or_default();
     let agent: Vec<_> = pods.iter().map(labels_of).filter(|l| l.get("toolyard.dev/task") == Some(&task)).collect();
     assert_eq!(agent.len(), 1, "one agent pod for the task");
-    assert!(platform.policy_selects("runs", &agent[0]) && platform.policy_selects("agent-model", &agent[0]));
+    assert!(platform.policy_selects("runs", &agent[0]));
     let tools: Vec<_> = pods.iter().map(labels_of).filter(|l| l.contains_key("toolyard.dev/call")).collect();
     assert!(!tools.is_empty());
     for labels in &tools {
-        assert!(
-            platform.policy_selects("runs", labels) && !platform.policy_selects("agent-model", labels),
-            "{labels:?}"
-        );
+        assert!(platform.policy_selects("runs", labels), "{labels:?}");
     }
 
     // A tool its owner may not call looks exactly like a tool that does not exist — to the
@@ -218,6 +243,26 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
         (Some("success"), Some("unsupported")),
         "{result}"
     );
+    // Once the task has ended its token opens nothing: its files cannot be rewritten, its
+    // model cannot be called.
+    for (method, path, body) in [
+        (reqwest::Method::PUT, toolyard_api::agent::path::result(&held), json!({"status": "success"})),
+        (reqwest::Method::PUT, toolyard_api::protocol::path::task_output(&held, "result.csv"), json!("x")),
+        (reqwest::Method::POST, toolyard_api::agent::path::model_chat(&held), json!({"messages": []})),
+        (reqwest::Method::GET, toolyard_api::agent::path::spec(&held), json!({})),
+    ] {
+        let answer = internal
+            .request(method, format!("{}{path}", platform.internal))
+            .bearer_auth(&token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = answer.status();
+        let text = answer.text().await.unwrap_or_default();
+        assert_eq!(status, 403, "{path}: {text}");
+        assert!(text.contains("the task has ended"), "{path}: {text}");
+    }
 
     // alice cannot list, read or cancel bob's tasks: they answer like unknown ones.
     let gate = Gate::new();
@@ -322,43 +367,51 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_on_another_replica() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    let mut platform = start(&format!("http://127.0.0.1:{port}/v1")).await;
+    let dead = format!("http://{}:{port}/v1", TestEnv::get().host_ip());
+    let own = ScriptedModel::start_on(
+        TestEnv::get().host_ip(),
+        "sk-working-key-0002",
+        vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'the working profile'})")],
+    )
+    .await;
+    let profiles = toolyard_tests::local::TempDir::new("profiles");
+    let mut platform =
+        start(&profiles, &[("default", &dead, ""), ("working", &own.base_url(), "sk-working-key-0002")]).await;
     let ns = platform.ns.clone();
-    grant(&ns, "alice");
+    grant(&ns, "alice", &["default", "working"]);
+    grant(&ns, "bob", &["default"]);
     let alice = client(&platform, User::Alice).await;
 
     let result = structured(&call(&alice, "run_coding_task", json!({"task": "anything"})).await);
     assert_eq!(result["status"], "failed", "{result}");
     let error = result["error"].as_str().unwrap_or_default();
-    assert!(error.contains(&format!("the model endpoint http://127.0.0.1:{port}/v1 is unreachable")), "{error}");
+    assert!(error.contains("the model endpoint of profile default is unreachable"), "{error}");
 
-    // A CodingTask may name its own model and key Secret over the chart's defaults: alice
-    // creates one herself; it runs with her model id and her key, and she reads its result.
-    let own = ScriptedModel::start_on(
-        TestEnv::get().host_ip(),
-        "sk-alice-own-key-0002",
-        vec![Turn::code("final_answer({'task_type': 'answer', 'summary': 'my own model'})")],
-    )
-    .await;
-    kubectl(&ns, &["create", "secret", "generic", "alice-model", "--from-literal=key=sk-alice-own-key-0002"]);
+    // A profile a user may not use is refused before anything starts.
+    let bob = client(&platform, User::Bob).await;
+    let refused = call(&bob, "run_coding_task", json!({"task": "x", "model": "working"})).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert!(text_of(&refused).contains("you may not use the model profile \"working\""), "{}", text_of(&refused));
+
+    // A CodingTask made with kubectl names a profile (never an endpoint or a key): alice's
+    // runs with that profile's model and key, and she reads its result.
     // Task files live under the owner's prefix, not the namespace's: a fixed name would find
     // the result of an earlier run on a reused test cluster.
     let own_task = format!("task-own-{}", &ns[ns.len().saturating_sub(6)..]);
     let task: CodingTask = serde_json::from_value(json!({
         "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
         "metadata": {"name": own_task, "namespace": ns},
-        "spec": {"prompt": "use my model", "owner": {"issuer": "kubernetes", "user": "alice"},
-                 "model": {"baseUrl": own.base_url(), "model": "alice-model-id",
-                           "apiKeySecretRef": {"name": "alice-model", "key": "key"}},
+        "spec": {"prompt": "use the working profile", "owner": {"issuer": "kubernetes", "user": "alice"},
+                 "model": {"profile": "working"},
                  "budgets": {"maxSteps": 3, "maxModelCalls": 6, "maxToolCalls": 5, "timeoutSeconds": 300}},
     }))
     .expect("CodingTask");
     let as_alice = TestEnv::get().client(User::Alice).await;
     Api::<CodingTask>::namespaced(as_alice, &ns).create(&Default::default(), &task).await.expect("alice creates it");
     let result = wait_final(&alice, &own_task, Duration::from_secs(180)).await;
-    assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("my own model")));
-    assert_eq!(own.requests()[0]["model"], "alice-model-id");
-    assert_eq!(own.rejected(), 0, "the task's own key was sent");
+    assert_eq!((result["status"].as_str(), result["summary"].as_str()), (Some("success"), Some("the working profile")));
+    assert_eq!(own.requests()[0]["model"], "working-model");
+    assert_eq!(own.rejected(), 0, "the profile's key was sent, by the gateway");
 
     // notifications/cancelled, posted to another replica, stops a call waiting on this one.
     let fixture =

@@ -44,7 +44,10 @@ impl LocalGateway {
             .arg(tools)
             .arg("--data-dir")
             .arg(data)
-            .args(["--listen", "127.0.0.1:0", "--token", TOKEN, "--kill-grace", "0.5"])
+            // The token by environment, as the README says: a command line is readable by any
+            // process of the user (the hostile model test looks there too).
+            .env("TOOLYARD_LOCAL_TOKEN", TOKEN)
+            .args(["--listen", "127.0.0.1:0", "--kill-grace", "0.5"])
             .args(["--runner", local::binary("toolyard-runner").to_str().expect("utf-8"), "--python", &local::python()])
             .args(extra)
             .env_remove("TOOLYARD_MODEL_BASE_URL")
@@ -286,7 +289,7 @@ async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedd
     let refused = call(&client, "run_coding_task", json!({"task": "anything"})).await;
     assert_eq!(refused.is_error, Some(true));
     let message = text_of(&refused);
-    assert!(message.contains("set TOOLYARD_MODEL_BASE_URL and TOOLYARD_MODEL"), "{message}");
+    assert!(message.contains("TOOLYARD_MODEL_BASE_URL and TOOLYARD_MODEL"), "{message}");
     let listed = ok(&call(&client, "list_tasks", json!({})).await);
     assert_eq!(listed["tasks"], json!([]), "nothing was started");
     gateway.stop().await;
@@ -300,7 +303,7 @@ async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedd
     let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
     assert_eq!(result["status"], "failed", "{result}");
     let error = result["error"].as_str().unwrap_or_default();
-    assert!(error.contains(&format!("the model endpoint http://127.0.0.1:{port}/v1 is unreachable")), "{error}");
+    assert!(error.contains("the model endpoint of profile default is unreachable"), "{error}");
     gateway.stop().await;
 
     // A wrong key: refused, not retried.
@@ -346,11 +349,10 @@ async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedd
     let result = structured(&call(&client, "run_coding_task", json!({"task": "anything"})).await);
     assert_eq!((result["status"].as_str(), result["model_calls"].as_u64()), (Some("failed"), Some(3)), "{result}");
     let error = result["error"].as_str().unwrap_or_default();
+    // (The agent's model endpoint is the gateway's model route of its task.)
     assert!(
-        error.contains(&format!(
-            "the model endpoint {} sent a malformed response: not a chat completion",
-            model.base_url()
-        )) && error.contains("<html>busy</html>"),
+        error.contains("/model sent a malformed response: not a chat completion")
+            && error.contains("<html>busy</html>"),
         "{error}"
     );
 
@@ -713,4 +715,22 @@ fn files_under(dir: &Path) -> Vec<PathBuf> {
         if path.is_dir() { out.extend(files_under(&path)) } else { out.push(path) }
     }
     out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_written_code_reaches_no_credential_in_the_embedded_mode() {
+    let model = ScriptedModel::start(MODEL_KEY, vec![]).await;
+    let data = TempDir::new("coding-local-hostile");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+    model.set_script(vec![
+        Turn::code(&coding_support::hostile_code(&[], &[MODEL_KEY, TOKEN])),
+        Turn::code("final_answer({'task_type': 'answer', 'summary': 'tried every door'})"),
+    ]);
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "escape"})).await);
+    assert_eq!(result["status"], "success", "{result}");
+    let escapes = coding_support::escapes_of(&model.requests()[1]);
+    coding_support::assert_no_escape(&escapes);
+    gateway.stop().await;
 }

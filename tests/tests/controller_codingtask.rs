@@ -1,5 +1,7 @@
-//! CodingTasks become agent Jobs: model settings by reference, a task-scoped token, the
-//! `Succeeded` condition from the Job, and the gateway's result fields left alone.
+//! CodingTasks become agent Jobs: a task-scoped token and no model setting (the agent reaches
+//! its model through the gateway), the `Succeeded` condition from the Job, and the gateway's
+//! result fields left alone. A CodingTask naming an endpoint or a key Secret is refused by the
+//! apiserver with what to use instead.
 
 mod controller_support;
 
@@ -25,16 +27,8 @@ async fn wait_task(api: &Api<CodingTask>, name: &str, status: &str, reason: &str
 async fn coding_task_runs_the_agent_job_and_keeps_the_gateway_result() {
     let (ns, client) = namespace("ctl-task").await;
     let key = KeyFile::new();
-    let flags = [
-        "--model-base-url",
-        "http://llm.models.svc:8000/v1",
-        "--model",
-        "qwen3-coder",
-        "--model-api-key-secret",
-        "llm/api-key",
-    ];
-    let controller = Replica::start(config(&ns, &key, &flags), User::Admin).await;
-    let created = create(&client, &ns, &task("task-ok", json!({"model": "own-model"}), 900)).await;
+    let controller = Replica::start(config(&ns, &key, &[]), User::Admin).await;
+    let created = create(&client, &ns, &task("task-ok", json!({"profile": "cheap"}), 900)).await;
     let tasks = task_api(&client, &ns);
     let pending = wait_task(&tasks, "task-ok", "Unknown", "Pending").await;
     assert_eq!(pending.status.as_ref().unwrap().job_name.as_deref(), Some("task-ok"));
@@ -59,13 +53,9 @@ async fn coding_task_runs_the_agent_job_and_keeps_the_gateway_result() {
             ("TOOLYARD_GATEWAY_URL", Some("http://toolyard-gateway-internal.toolyard.svc:8081")),
             ("TOOLYARD_RUN_ID", Some("task-ok")),
             ("TOOLYARD_TOKEN", None),
-            ("TOOLYARD_MODEL_BASE_URL", Some("http://llm.models.svc:8000/v1")),
-            ("TOOLYARD_MODEL", Some("own-model")),
-            ("TOOLYARD_MODEL_API_KEY", None),
-        ]
+        ],
+        "no model setting and no model key reach the agent's pod"
     );
-    let api_key = agent.env.as_ref().unwrap()[5].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
-    assert_eq!((api_key.name.as_str(), api_key.key.as_str()), ("llm", "api-key"));
 
     let secret = Api::<Secret>::namespaced(client.clone(), &ns).get("task-ok-token").await.unwrap();
     let token = String::from_utf8(secret.data.unwrap()["token"].0.clone()).unwrap();
@@ -99,16 +89,26 @@ async fn coding_task_runs_the_agent_job_and_keeps_the_gateway_result() {
 }
 
 #[tokio::test]
-async fn coding_task_without_model_settings_is_rejected_with_what_to_set() {
-    let (ns, client) = namespace("ctl-nomodel").await;
-    let key = KeyFile::new();
-    let controller = Replica::start(config(&ns, &key, &[]), User::Admin).await;
-    create(&client, &ns, &task("task-nomodel", json!({}), 900)).await;
-    let tasks = task_api(&client, &ns);
-    let rejected = wait_task(&tasks, "task-nomodel", "False", "Rejected").await;
-    let message = succeeded(&rejected.status.unwrap().conditions).unwrap().message.clone();
-    assert!(message.contains("spec.model.baseUrl") && message.contains("--model-base-url"), "{message}");
-    controller.stop().await;
+async fn a_coding_task_naming_an_endpoint_or_a_key_is_refused_with_what_to_use() {
+    let (ns, client) = namespace("ctl-oldmodel").await;
+    let api = task_api(&client, &ns);
+    for (name, model) in [
+        ("task-url", json!({"baseUrl": "https://attacker.example/v1"})),
+        ("task-key", json!({"apiKeySecretRef": {"name": "task-other-token", "key": "token"}})),
+        ("task-id", json!({"profile": "default", "model": "gpt-x"})),
+    ] {
+        let refused = api.create(&kube::api::PostParams::default(), &task(name, model, 900)).await.unwrap_err();
+        let message = refused.to_string();
+        assert!(
+            message.contains("spec.model names a model profile (spec.model.profile)")
+                && message.contains("no longer accepted"),
+            "{name}: {message}"
+        );
+    }
+    let bad_name = task("task-bad", json!({"profile": "Not A Name"}), 900);
+    let refused = api.create(&kube::api::PostParams::default(), &bad_name).await.unwrap_err();
+    assert!(refused.to_string().contains("profile must be a lowercase name"), "{refused}");
+    assert!(api.list(&Default::default()).await.unwrap().items.is_empty(), "nothing was created");
 }
 
 #[tokio::test]
@@ -116,7 +116,7 @@ async fn failed_and_cancelled_coding_tasks_end_their_jobs() {
     let (ns, client) = namespace("ctl-taskend").await;
     let key = KeyFile::new();
     let controller = Replica::start(config(&ns, &key, &[]), User::Admin).await;
-    let model = json!({"baseUrl": "http://llm/v1", "model": "m"});
+    let model = json!({});
     create(&client, &ns, &task("task-fail", model.clone(), 900)).await;
     create(&client, &ns, &task("task-cancel", model, 900)).await;
     let tasks = task_api(&client, &ns);

@@ -8,7 +8,9 @@
 //! `price_option` (a Job) and `get_quote` (a warm pool); a coding task with a scripted model
 //! writes a CSV artifact that is read back, while the leading controller pod is deleted; a
 //! cancelled call's pod is killed; the pods' hardening as seen from inside a container; an
-//! image that does not exist; and every NetworkPolicy of the chart, enforced by kube-router.
+//! image that does not exist; and every NetworkPolicy of the chart, enforced by kube-router
+//! (a coding agent's pod reaches the gateway and DNS, not its model endpoint: the gateway
+//! calls the model with the key only it holds).
 
 mod coding_support;
 
@@ -78,12 +80,11 @@ impl Install {
         }
         let dir = TempDir::new("e2e-node");
         let model = ScriptedModel::start_on(env.host_ip(), MODEL_KEY, vec![]).await;
-        let model_port =
-            model.base_url().rsplit(':').next().and_then(|p| p.trim_end_matches("/v1").parse::<u16>().ok());
-        let model_port = model_port.expect("model port");
+        // The model's key is the gateway's (a Secret of the release namespace): no pod of the
+        // team's namespace ever holds it.
         kubectl(&[
             "-n",
-            &team,
+            &ns,
             "create",
             "secret",
             "generic",
@@ -104,10 +105,10 @@ impl Install {
             .args(["-f", repo_path("examples/kind/values.yaml").to_str().expect("utf-8")])
             .args(["--set", &format!("watchNamespaces={{{team}}}")])
             .args(["--set", &format!("gateway.storage.s3.endpoint=http://toolyard-s3.{ns}.svc:9000")])
-            .args(["--set", &format!("model.baseUrl={}", model.base_url()), "--set", &format!("model.name={MODEL_ID}")])
-            .args(["--set", "model.apiKeySecret.name=model-key", "--set", "model.apiKeySecret.key=api-key"])
-            .args(["--set", &format!("networkPolicy.modelEgress.to[0].ipBlock.cidr={}/32", env.host_ip())])
-            .args(["--set", &format!("networkPolicy.modelEgress.ports[0].port={model_port}")])
+            .args(["--set", "model.profiles[0].name=scripted", "--set", &format!("model.profiles[0].model={MODEL_ID}")])
+            .args(["--set", &format!("model.profiles[0].baseUrl={}", model.base_url())])
+            .args(["--set", "model.profiles[0].apiKeySecret.name=model-key"])
+            .args(["--set", "model.profiles[0].apiKeySecret.key=api-key"])
             .args(["--wait", "--timeout", "5m"])
             .output()
             .expect("helm runs");
@@ -383,6 +384,7 @@ async fn scenario(install: &mut Install) {
     missing_image(install).await;
     cancellation_kills_the_pod(install).await;
     network_policies(install).await;
+    model_written_code_reaches_no_credential(install).await;
     coding_task_outlives_the_leading_controller(install).await;
 }
 
@@ -532,7 +534,8 @@ async fn network_policies(install: &mut Install) {
     assert!(is_open(&release, &metrics), "a pod of the release namespace scrapes metrics: {release:?}");
     assert!(!is_open(&release, &internal), "only run pods reach the internal API: {release:?}");
 
-    // A coding agent's pod: also its model endpoint, and nothing more.
+    // A coding agent's pod: the same as any run pod. It reaches its model only through the
+    // gateway (which adds the key); the model endpoint itself is out of its reach.
     let code = format!(
         "import json, socket, time\n\
          def probe(t):\n    host, _, port = t.rpartition(':')\n    try:\n        \
@@ -553,12 +556,28 @@ async fn network_policies(install: &mut Install) {
     let line =
         observation.lines().find_map(|l| l.trim().strip_prefix("NETCHECK ")).unwrap_or_else(|| panic!("{observation}"));
     let agent: Map<String, Value> = serde_json::from_str(line).expect("NETCHECK JSON");
-    for open in [&model, &internal, &dns] {
+    for open in [&internal, &dns] {
         assert!(is_open(&agent, open), "the agent reaches {open}: {agent:?}");
     }
-    for blocked in [&mcp, &s3, &apiserver, &metrics, &pool, &api_host] {
+    for blocked in [&model, &mcp, &s3, &apiserver, &metrics, &pool, &api_host] {
         assert!(!is_open(&agent, blocked), "the agent reached {blocked}: {agent:?}");
     }
+}
+
+/// A hostile model's code, in an agent pod: no credential anywhere in its reach, and the
+/// internal API (found where the chart puts it) refuses it.
+async fn model_written_code_reaches_no_credential(install: &Install) {
+    let client = install.client().await;
+    let internal = format!("http://{}-gateway-internal.{}.svc:8081", install.release, install.ns);
+    install.model.set_script(vec![
+        Turn::code(&coding_support::hostile_code(&[internal], &[MODEL_KEY, &install.token])),
+        Turn::code("final_answer({'task_type': 'answer', 'summary': 'tried every door'})"),
+    ]);
+    let before = install.model.requests().len();
+    let result = structured(&call(&client, "run_coding_task", json!({"task": "escape"})).await);
+    assert_eq!(result["status"], "success", "{result}");
+    let escapes = coding_support::escapes_of(&install.model.requests()[before + 1]);
+    coding_support::assert_no_escape(&escapes);
 }
 
 /// A coding task with the pricing scenario (a CSV artifact read back at the end), during

@@ -42,6 +42,7 @@ impl Local {
             kill_grace: 0.5,
             allowed_hosts: Vec::new(),
             log_format: LogFormat::Plain,
+            models: toolyard_gateway::model::ModelArgs::default(),
         };
         let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
         gateway.pools.wait_started().await.expect("warm workers start");

@@ -265,15 +265,10 @@ async fn missing_expired_tampered_and_foreign_tokens_are_refused() {
 
 #[tokio::test]
 async fn traversal_and_odd_artifact_names_are_refused() {
+    // (Names are checked before anything else; a valid one needs a running task, which the
+    // coding-task tests upload to.)
     let api = Api::start().await;
     let t = token(RunKind::Task, "task-1", alice());
-    let (status, _) =
-        api.send(Method::PUT, &path::task_output("task-1", "reports/q3.csv"), Some(&t), Some(b"a,b\n".to_vec())).await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
-    assert_eq!(api.stored(&alice(), "tasks/task-1/outputs/reports/q3.csv").await.as_deref(), Some("a,b\n"));
-    let (status, body) = api.send(Method::GET, &path::task_output("task-1", "reports/q3.csv"), Some(&t), None).await;
-    assert_eq!((status, body.as_str()), (StatusCode::OK, "a,b\n"));
-
     // Encoded forms reach the server decoded; the raw forms are sent as written.
     for name in ["%2E%2E%2Fresult.json", "a%2F%2E%2E%2F%2E%2E%2Fx", "%2Fetc%2Fpasswd", "a%0Ab", "a%5Cb", "a%2F%2Fb"] {
         let (status, body) =
@@ -285,7 +280,7 @@ async fn traversal_and_odd_artifact_names_are_refused() {
         assert!(answer.starts_with("HTTP/1.1 400"), "{raw}: {answer}");
     }
     let files = api.store.list(&alice().key(), "tasks/task-1/").await.unwrap();
-    assert_eq!(files.iter().map(|f| f.path.as_str()).collect::<Vec<_>>(), vec!["tasks/task-1/outputs/reports/q3.csv"]);
+    assert!(files.is_empty(), "{files:?}");
 }
 
 #[tokio::test]
@@ -299,9 +294,6 @@ async fn bodies_above_their_cap_get_413_and_task_routes_without_a_backend_say_so
     assert_eq!(api.stored(&alice(), "calls/call-a/stdout.log").await, None);
 
     let task = token(RunKind::Task, "task-1", alice());
-    let (status, _) =
-        api.send(Method::PUT, &path::task_output("task-1", "big.bin"), Some(&task), Some(vec![0; 5000])).await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 
     let (status, body) =
         api.send(Method::PUT, &path::call_result("call-a"), Some(&t), Some(b"{\"value\": NaN}".to_vec())).await;
@@ -313,6 +305,8 @@ async fn bodies_above_their_cap_get_413_and_task_routes_without_a_backend_say_so
     for (method, p) in [
         (Method::GET, toolyard_api::agent::path::spec("task-1")),
         (Method::POST, toolyard_api::agent::path::tool_call("task-1", "price_option")),
+        (Method::PUT, path::task_output("task-1", "big.bin")),
+        (Method::POST, toolyard_api::agent::path::model_chat("task-1")),
     ] {
         let (status, body) = api.send(method, &p, Some(&task), Some(b"{}".to_vec())).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{p}");

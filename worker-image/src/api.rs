@@ -71,6 +71,16 @@ impl InternalApi {
         Ok(Self { http, base: base.trim_end_matches('/').to_owned(), token, attempts: ATTEMPTS })
     }
 
+    /// The task's model as the agent reaches it: the gateway's model route for `task`, with
+    /// this client's token as the API key (the gateway adds the real key).
+    pub fn model_settings(&self, task: &str, model: &str) -> crate::agent::model::ModelSettings {
+        crate::agent::model::ModelSettings {
+            base_url: format!("{}{}", self.base, toolyard_api::agent::path::model_base(task)),
+            model: model.to_owned(),
+            api_key: self.token.clone(),
+        }
+    }
+
     /// The same client trying each request up to `attempts` times (waits grow from 0.1 s to
     /// at most 5 s): a coding task rides out a gateway restart this way.
     pub fn with_attempts(mut self, attempts: u32) -> Self {

@@ -13,6 +13,7 @@
 pub mod agent;
 pub mod api;
 pub mod call;
+pub mod harden;
 pub mod serve;
 
 // Tool processes live in the `toolyard-process` crate, shared with the gateway's local mode.

@@ -23,6 +23,12 @@ enum Command {
 }
 
 fn main() {
+    // Before anything else: the runner holds the run's token; the code it starts must not
+    // reach it (see `harden`).
+    if let Err(e) = toolyard_runner::harden::harden() {
+        eprintln!("toolyard-runner: {e}");
+        std::process::exit(runner_exit::RUNNER_ERROR);
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)

@@ -26,3 +26,8 @@ namespace and never touches Jobs or pods.
 {{- define "toolyard.gateway.tlsSecretName" -}}
 {{- default (printf "%s-tls" (include "toolyard.gateway.fullname" .)) .Values.gateway.tls.existingSecret }}
 {{- end }}
+
+{{/* Non-empty when some model profile has an API key Secret. */}}
+{{- define "toolyard.gateway.modelKeys" -}}
+{{- range .Values.model.profiles }}{{ if .apiKeySecret }}yes{{ end }}{{ end }}
+{{- end }}

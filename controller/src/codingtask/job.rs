@@ -1,15 +1,14 @@
 //! `desired_job` for a CodingTask: the agent (`toolyard-runner agent`) in the agent image, with
-//! the same hardened pod as a tool call, model settings from the task or the controller's
-//! defaults (API keys only as Secret references) and a task-scoped token. Pure.
+//! the same hardened pod as a tool call and a task-scoped token. No model setting and no key:
+//! the agent calls its model through the gateway, which holds the model profiles. Pure.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Secret};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use toolyard_api::agent::env::{MODEL, MODEL_API_KEY, MODEL_BASE_URL};
+use toolyard_api::CodingTask;
 use toolyard_api::protocol::env;
 use toolyard_api::token::SigningKey;
-use toolyard_api::{CodingTask, SecretKeyRef};
 
 use crate::config::Config;
 use crate::context::{controller_owner_ref, namespaced_name};
@@ -18,39 +17,8 @@ use crate::labels;
 use crate::pod;
 use crate::run::{self, RunKind};
 
-/// The model settings a task runs with, after defaults.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Model {
-    /// Base URL.
-    pub base_url: String,
-    /// Model id.
-    pub model: String,
-    /// Secret key with the API key, if the endpoint needs one.
-    pub api_key: Option<SecretKeyRef>,
-}
-
-/// The task's model settings, the controller's defaults filling gaps; an error names what to set.
-pub fn model(task: &CodingTask, config: &Config) -> Result<Model, String> {
-    let m = &task.spec.model;
-    let base_url = m.base_url.clone().or_else(|| config.model.base_url.clone());
-    let model = m.model.clone().or_else(|| config.model.model.clone());
-    match (base_url, model) {
-        (Some(base_url), Some(model)) => Ok(Model {
-            base_url,
-            model,
-            api_key: m.api_key_secret_ref.clone().or_else(|| config.model.api_key_secret.clone()),
-        }),
-        (None, _) => Err("no model endpoint: set spec.model.baseUrl or the controller's model base URL \
-                          (--model-base-url, chart value model.baseUrl)"
-            .into()),
-        (_, None) => Err("no model id: set spec.model.model or the controller's default model \
-                          (--model, chart value model.name)"
-            .into()),
-    }
-}
-
 /// The Job running `task`'s agent, created at `now`.
-pub fn desired_job(task: &CodingTask, model: &Model, config: &Config, now: Timestamp) -> Result<Job> {
+pub fn desired_job(task: &CodingTask, config: &Config, now: Timestamp) -> Result<Job> {
     const KIND: &str = "CodingTask";
     let (ns, name) = namespaced_name(task, KIND)?;
     let deadline = deadline_of(task)?;
@@ -62,11 +30,6 @@ pub fn desired_job(task: &CodingTask, model: &Model, config: &Config, now: Times
     ];
     if let Some(tp) = task.annotations().get(labels::TRACEPARENT_ANNOTATION) {
         vars.push(pod::env(env::TRACEPARENT, tp.clone()));
-    }
-    vars.push(pod::env(MODEL_BASE_URL, model.base_url.clone()));
-    vars.push(pod::env(MODEL, model.model.clone()));
-    if let Some(key) = &model.api_key {
-        vars.push(pod::secret_env(MODEL_API_KEY, &key.name, &key.key));
     }
 
     let r = &config.resources;
@@ -152,33 +115,10 @@ mod tests {
     }
 
     #[test]
-    fn model_settings_come_from_the_task_then_the_defaults() {
-        let defaults =
-            config(&["--model-base-url", "http://llm:8000/v1", "--model", "qwen", "--model-api-key-secret", "llm/key"]);
-        let m = model(&task(json!({})), &defaults).unwrap();
-        assert_eq!(m.base_url, "http://llm:8000/v1");
-        assert_eq!(m.model, "qwen");
-        assert_eq!(m.api_key, Some(SecretKeyRef { name: "llm".into(), key: "key".into() }));
-        let own =
-            task(json!({"baseUrl": "https://x/v1", "model": "m2", "apiKeySecretRef": {"name": "mine", "key": "k"}}));
-        let m = model(&own, &defaults).unwrap();
-        assert_eq!((m.base_url.as_str(), m.model.as_str()), ("https://x/v1", "m2"));
-        assert_eq!(m.api_key.unwrap().name, "mine");
-        let none = config(&[]);
-        assert!(model(&task(json!({})), &none).unwrap_err().contains("spec.model.baseUrl"));
-        assert!(model(&task(json!({"baseUrl": "http://x"})), &none).unwrap_err().contains("spec.model.model"));
-        assert_eq!(model(&task(json!({"baseUrl": "http://x", "model": "m"})), &none).unwrap().api_key, None);
-    }
-
-    #[test]
     fn agent_job_is_hardened_and_runs_the_agent() {
         let cfg = config(&[]);
-        let m = Model {
-            base_url: "http://llm/v1".into(),
-            model: "qwen".into(),
-            api_key: Some(SecretKeyRef { name: "llm".into(), key: "key".into() }),
-        };
-        let job = desired_job(&task(json!({})), &m, &cfg, "2026-12-01T10:00:10Z".parse().unwrap()).unwrap();
+        let job =
+            desired_job(&task(json!({"profile": "default"})), &cfg, "2026-12-01T10:00:10Z".parse().unwrap()).unwrap();
         assert_eq!(job.metadata.name.as_deref(), Some("task-4f8q2m"));
         let labels = job.metadata.labels.as_ref().unwrap();
         assert_eq!(labels["toolyard.dev/task"], "task-4f8q2m");
@@ -210,19 +150,10 @@ mod tests {
         let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(
             names,
-            [
-                "TOOLYARD_GATEWAY_URL",
-                "TOOLYARD_RUN_ID",
-                "TOOLYARD_TOKEN",
-                "TRACEPARENT",
-                "TOOLYARD_MODEL_BASE_URL",
-                "TOOLYARD_MODEL",
-                "TOOLYARD_MODEL_API_KEY"
-            ]
+            ["TOOLYARD_GATEWAY_URL", "TOOLYARD_RUN_ID", "TOOLYARD_TOKEN", "TRACEPARENT"],
+            "no model setting and no model key in the agent's pod"
         );
-        let key = env[6].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
-        assert_eq!((key.name.as_str(), key.key.as_str()), ("llm", "key"));
-        assert!(env[6].value.is_none(), "API keys only by reference");
+        assert!(env[2].value.is_none(), "the token only by Secret reference");
     }
 
     #[test]

@@ -43,11 +43,7 @@ async fn reconcile_task(task: &CodingTask, ctx: &Context<RunStores>) -> Result<A
     if let Err(e) = RunId::parse(&run.name) {
         return run.reject(ctx, format!("the CodingTask's name cannot be used as a run id: {e}")).await;
     }
-    let model = match job::model(task, &ctx.config) {
-        Ok(m) => m,
-        Err(message) => return run.reject(ctx, message).await,
-    };
-    let job = job::desired_job(task, &model, &ctx.config, Timestamp::now())?;
+    let job = job::desired_job(task, &ctx.config, Timestamp::now())?;
     let secret = job::desired_token_secret(task, &ctx.key)?;
     run.create_job(ctx, &job, &secret).await
 }

@@ -1,7 +1,8 @@
-//! Authorization: may this identity call this tool, or start a coding task?
+//! Authorization: may this identity call this tool, start a coding task, or use a model
+//! profile for its tasks?
 //!
 //! Kubernetes: SubjectAccessReview (verb `call` on `mcptools`, verb `create` on
-//! `codingtasks`), see [`sar`]. Embedded mode: a static policy file with the same meaning,
+//! `codingtasks`, verb `use` on `modelprofiles`), see [`sar`]. Embedded mode: a static policy file with the same meaning,
 //! see [`policy`]. Default deny. [`config::AuthzArgs`] picks one from flags.
 
 use async_trait::async_trait;
@@ -28,4 +29,6 @@ pub trait Authorizer: Send + Sync + 'static {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool>;
     /// May `who` start a coding task in `namespace` (empty in embedded mode)?
     async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool>;
+    /// May `who`'s coding tasks in `namespace` use the model profile `profile`?
+    async fn can_use_model(&self, who: &Identity, namespace: &str, profile: &str) -> crate::Result<bool>;
 }

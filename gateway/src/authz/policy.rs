@@ -5,10 +5,13 @@
 //!   - users: [alice]        # and/or groups: [quants]; "*" = every authenticated identity
 //!     tools: ["*"]          # MCP tool names or McpTool object names; "*" = all
 //!     codingTasks: true     # may start coding tasks (default false)
+//!     modelProfiles: [default]  # with codingTasks: the model profiles its tasks may use
+//!                           # (default: every profile)
 //! ```
 //!
 //! A rule applies to an identity named in `users` or belonging to one of `groups`; it
-//! grants the listed tools and, with `codingTasks: true`, coding tasks. Default deny: an
+//! grants the listed tools and, with `codingTasks: true`, coding tasks with the listed model
+//! profiles. Default deny: an
 //! empty file or rule list denies everything. `"*"` does not cover the anonymous identity
 //! (it is not authenticated); name it in `users` to grant it something.
 
@@ -72,6 +75,8 @@ struct RawRule {
     tools: Vec<String>,
     #[serde(default)]
     coding_tasks: bool,
+    #[serde(default)]
+    model_profiles: Option<Vec<String>>,
 }
 
 /// A "*"-or-names matcher.
@@ -93,6 +98,8 @@ struct Rule {
     groups: Names,
     tools: Names,
     coding_tasks: bool,
+    /// `None`: every profile.
+    model_profiles: Option<Names>,
 }
 
 impl Rule {
@@ -151,7 +158,17 @@ impl PolicyAuthorizer {
             let users = names(r.users, &format!("rules[{i}].users"), &field)?;
             let groups = names(r.groups, &format!("rules[{i}].groups"), &field)?;
             let tools = names(r.tools, &format!("rules[{i}].tools"), &field)?;
-            rules.push(Rule { users, groups, tools, coding_tasks: r.coding_tasks });
+            if r.model_profiles.is_some() && !r.coding_tasks {
+                return Err(field(
+                    format!("rules[{i}].modelProfiles"),
+                    "applies to coding tasks: set codingTasks: true",
+                ));
+            }
+            let model_profiles = match r.model_profiles {
+                Some(list) => Some(names(list, &format!("rules[{i}].modelProfiles"), &field)?),
+                None => None,
+            };
+            rules.push(Rule { users, groups, tools, coding_tasks: r.coding_tasks, model_profiles });
         }
         Ok(Self { rules, metrics: AuthzMetrics::default() })
     }
@@ -172,6 +189,14 @@ impl PolicyAuthorizer {
     /// May `who` start coding tasks?
     pub fn allows_tasks(&self, who: &Identity) -> bool {
         self.rules.iter().any(|r| r.coding_tasks && r.applies_to(who))
+    }
+
+    /// May `who`'s coding tasks use the model profile `profile`?
+    pub fn allows_model(&self, who: &Identity, profile: &str) -> bool {
+        self.rules
+            .iter()
+            .filter(|r| r.coding_tasks && r.applies_to(who))
+            .any(|r| r.model_profiles.as_ref().is_none_or(|p| p.all || p.contains(profile)))
     }
 }
 
@@ -203,6 +228,12 @@ impl Authorizer for PolicyAuthorizer {
     async fn can_create_task(&self, who: &Identity, _namespace: &str) -> crate::Result<bool> {
         let allowed = self.allows_tasks(who);
         self.metrics.decision("static", "task", if allowed { "allow" } else { "deny" });
+        Ok(allowed)
+    }
+
+    async fn can_use_model(&self, who: &Identity, _namespace: &str, profile: &str) -> crate::Result<bool> {
+        let allowed = self.allows_model(who, profile);
+        self.metrics.decision("static", "model", if allowed { "allow" } else { "deny" });
         Ok(allowed)
     }
 }
@@ -239,6 +270,22 @@ mod tests {
         let mut anon = id("anonymous", &[]);
         anon.issuer = ANONYMOUS_ISSUER.into();
         assert!(!p.allows_tool(&anon, "get_quote", "q"), "* is every authenticated identity");
+    }
+
+    #[test]
+    fn model_profiles_are_granted_with_coding_tasks() {
+        let p = PolicyAuthorizer::parse(
+            "rules:\n  - users: [alice]\n    codingTasks: true\n  - users: [bob]\n    codingTasks: true\n    modelProfiles: [cheap]\n  - users: [carol]\n    tools: ['*']\n",
+            "policy.yaml",
+        )
+        .expect("policy");
+        assert!(p.allows_model(&id("alice", &[]), "expensive"), "no list: every profile");
+        assert!(p.allows_model(&id("bob", &[]), "cheap") && !p.allows_model(&id("bob", &[]), "expensive"));
+        assert!(!p.allows_model(&id("carol", &[]), "cheap"), "no coding tasks, no profile");
+        let e = PolicyAuthorizer::parse("rules:\n  - users: [a]\n    tools: [x]\n    modelProfiles: [p]\n", "p.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rules[0].modelProfiles") && e.contains("codingTasks"), "{e}");
     }
 
     #[test]

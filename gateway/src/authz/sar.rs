@@ -2,7 +2,10 @@
 //!
 //! - list/call a tool: verb `call` on `mcptools.toolyard.dev`, `resourceName` = the
 //!   McpTool's object name, in the tool's namespace;
-//! - start a coding task: verb `create` on `codingtasks.toolyard.dev` in the namespace.
+//! - start a coding task: verb `create` on `codingtasks.toolyard.dev` in the namespace;
+//! - use a model profile for tasks: verb `use` on `modelprofiles.toolyard.dev`,
+//!   `resourceName` = the profile, in the task's namespace (a resource without objects: RBAC
+//!   needs none to grant it).
 //!
 //! For tools, a review without `resourceName` ("all mcptools in this namespace", which a
 //! ClusterRoleBinding or a namespace-wide Role grants) comes first, so a broad grant costs
@@ -40,6 +43,10 @@ pub const CALL_VERB: &str = "call";
 pub const TASKS_RESOURCE: &str = "codingtasks";
 /// Verb to start a coding task.
 pub const CREATE_VERB: &str = "create";
+/// Resource whose `use` verb gates model profiles.
+pub const MODEL_PROFILES_RESOURCE: &str = "modelprofiles";
+/// Verb to use a model profile.
+pub const USE_VERB: &str = "use";
 
 /// SubjectAccessReview settings.
 #[derive(Clone, Debug)]
@@ -240,5 +247,17 @@ impl Authorizer for SarAuthorizer {
         };
         let answer = self.ask(&question).await;
         Ok(self.record("task", answer))
+    }
+
+    async fn can_use_model(&self, who: &Identity, namespace: &str, profile: &str) -> crate::Result<bool> {
+        let question = Question {
+            subject: self.inner.settings.subjects.subject(who),
+            verb: USE_VERB,
+            resource: MODEL_PROFILES_RESOURCE,
+            namespace: namespace.to_owned(),
+            name: Some(profile.to_owned()),
+        };
+        let answer = self.ask(&question).await;
+        Ok(self.record("model", answer))
     }
 }

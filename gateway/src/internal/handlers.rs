@@ -120,7 +120,7 @@ pub async fn task_events(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let id = claims.require(RunKind::Task, &id)?;
+    let (id, _record) = super::tasks::live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let folder = format!("{}events/", relative(&owner, storage::task_prefix(&owner, &id)));
     append_events(&state, &owner, &headers, body, &folder, |n| task_path(&owner, &id, &TaskFile::Events(n))).await
@@ -173,8 +173,8 @@ pub async fn put_task_output(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let id = claims.require(RunKind::Task, &id)?;
     let path = output_path(&path)?;
+    let (id, _record) = super::tasks::live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let bytes = read_body(&headers, body, state.limits.output_bytes, "the artifact").await?;
     state.store.put(&owner, &task_path(&owner, &id, &TaskFile::Output(path)), bytes).await?;
@@ -187,8 +187,8 @@ pub async fn get_task_output(
     claims: RunClaims,
     Path((id, path)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let id = claims.require(RunKind::Task, &id)?;
     let path = output_path(&path)?;
+    let (id, _record) = super::tasks::live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let bytes = state
         .store

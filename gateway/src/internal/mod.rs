@@ -15,6 +15,7 @@
 //! PUT  /internal/v1/tasks/{id}/actions/{step}   the code of one step
 //! PUT  /internal/v1/tasks/{id}/tool_calls       every tool call with its outcome
 //! PUT  /internal/v1/tasks/{id}/result           the TaskResult (then the task backend records it)
+//! POST /internal/v1/tasks/{id}/model/chat/completions   a model call through the task's profile
 //! ```
 //!
 //! The task routes (`tasks`) answer 503 on a gateway built without a task backend.
@@ -164,6 +165,7 @@ pub fn router(state: InternalState) -> Router {
         .route(&format!("{PREFIX}/tasks/{{id}}/actions/{{step}}"), put(tasks::action))
         .route(&format!("{PREFIX}/tasks/{{id}}/tool_calls"), put(tasks::tool_calls))
         .route(&format!("{PREFIX}/tasks/{{id}}/result"), put(tasks::result))
+        .route(&format!("{PREFIX}/tasks/{{id}}/model/chat/completions"), post(tasks::model_chat))
         .fallback(handlers::not_found)
         .with_state(state)
 }

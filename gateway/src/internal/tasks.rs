@@ -1,7 +1,9 @@
 //! The coding-task routes of the internal API, as a task's agent uses them with its task
 //! token. The task is the one the token names (kind `task`, same id); its record comes from
 //! the [`TaskBackend`] and must have the token's owner; storage is addressed through that
-//! owner. Tool calls run as the owner, with the same authorization and argument validation
+//! owner. Once the task has ended (its result is recorded, or its backend says it is over)
+//! the token opens nothing: every route answers 403, so a finished task's files cannot be
+//! rewritten. Tool calls run as the owner, with the same authorization and argument validation
 //! as a direct call; each is a call like any other (a ToolCall on Kubernetes) naming the task
 //! as its parent.
 
@@ -27,8 +29,9 @@ use crate::catalog::ToolCatalog;
 use crate::executor::{CallRequest, Executor};
 use crate::identity::Identity;
 use crate::mcp::errors::unknown_tool;
+use crate::model::{ModelProxy, ProxyError, USER_BUDGET_WINDOW, Usage};
 use crate::tasks::view::{self, task_path};
-use crate::tasks::{TaskBackend, TaskRecord, tools};
+use crate::tasks::{TaskBackend, TaskRecord, now_ms, tools};
 
 type St = State<Arc<InternalState>>;
 
@@ -50,6 +53,8 @@ pub struct TaskApi {
     pub authorizer: Arc<dyn Authorizer>,
     /// Runs the tasks' tool calls.
     pub executor: Arc<dyn Executor>,
+    /// The tasks' model calls.
+    pub models: Arc<ModelProxy>,
 }
 
 /// The task routes' context, or 503 when this gateway has no task backend.
@@ -59,24 +64,32 @@ fn api(state: &InternalState) -> Result<&TaskApi, ApiError> {
     })
 }
 
-/// The token's task, with its record.
-async fn task_of(state: &InternalState, claims: &RunClaims, id: &str) -> Result<(RunId, TaskRecord), ApiError> {
+/// The token's task, with its record, while it has not ended.
+pub(super) async fn live_task(
+    state: &InternalState,
+    claims: &RunClaims,
+    id: &str,
+) -> Result<(RunId, TaskRecord), ApiError> {
     let id = claims.require(RunKind::Task, id)?;
     let record = api(state)?
         .backend
         .for_runner(&claims.0.ns, &id, &claims.owner_key())
         .await?
         .ok_or_else(|| ApiError::not_found("no such task"))?;
+    if record.phase.is_finished() || record.task_type.is_some() {
+        return Err(ApiError::forbidden("the task has ended: its token no longer opens anything"));
+    }
     Ok((id, record))
 }
 
 /// `GET tasks/{id}/spec`: prompt, the tools the owner may call within the task's selection,
 /// budgets, deadline and the artifact size cap.
 pub async fn spec(State(state): St, claims: RunClaims, Path(id): Path<String>) -> Result<Json<TaskSpec>, ApiError> {
-    let (id, record) = task_of(&state, &claims, &id).await?;
+    let (id, record) = live_task(&state, &claims, &id).await?;
     let api = api(&state)?;
     let owner = Identity::from_owner(&claims.0.owner);
     let allowed = tools::allowed(api.catalog.as_ref(), &api.authorizer, &owner, &record.tools).await?;
+    let model = api.models.profiles().resolve(record.profile.as_deref()).map(|p| p.model.clone()).unwrap_or_default();
     Ok(Json(TaskSpec {
         id: id.to_string(),
         prompt: record.prompt.clone(),
@@ -84,6 +97,7 @@ pub async fn spec(State(state): St, claims: RunClaims, Path(id): Path<String>) -
         budgets: record.budgets.clone(),
         deadline_unix_ms: record.deadline_ms(),
         max_artifact_bytes: state.limits.output_bytes as u64,
+        model,
     }))
 }
 
@@ -95,10 +109,7 @@ pub async fn tool_call(
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<ToolOutcome>, ApiError> {
-    let (id, record) = task_of(&state, &claims, &id).await?;
-    if record.phase.is_finished() {
-        return Err(ApiError::new(StatusCode::CONFLICT, "the task has ended"));
-    }
+    let (id, record) = live_task(&state, &claims, &id).await?;
     let api = api(&state)?;
     let bytes = read_body(&headers, body, MAX_CALL_BYTES, "the tool call").await?;
     let call: ToolCallBody = serde_json::from_slice(&bytes)
@@ -163,7 +174,7 @@ pub async fn outputs(
     claims: RunClaims,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<ArtifactEntry>>, ApiError> {
-    let id = claims.require(RunKind::Task, &id)?;
+    let (id, _record) = live_task(&state, &claims, &id).await?;
     Ok(Json(view::artifacts(state.store.as_ref(), &claims.owner_key(), &id).await?))
 }
 
@@ -175,7 +186,7 @@ pub async fn action(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let id = claims.require(RunKind::Task, &id)?;
+    let (id, _record) = live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let bytes = read_body(&headers, body, MAX_ACTION_BYTES, "the step's code").await?;
     state.store.put(&owner, &task_path(&owner, &id, &TaskFile::Action(step)), bytes).await?;
@@ -190,7 +201,7 @@ pub async fn tool_calls(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let id = claims.require(RunKind::Task, &id)?;
+    let (id, _record) = live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let bytes = read_body(&headers, body, MAX_TOOL_CALLS_BYTES, "tool_calls.json").await?;
     if !matches!(serde_json::from_slice::<Value>(&bytes), Ok(Value::Array(_))) {
@@ -209,7 +220,7 @@ pub async fn result(
     headers: HeaderMap,
     body: Body,
 ) -> Result<StatusCode, ApiError> {
-    let (id, _record) = task_of(&state, &claims, &id).await?;
+    let (id, _record) = live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let bytes = read_body(&headers, body, state.limits.result_bytes, "the result").await?;
     let mut result: TaskResult = serde_json::from_slice(&bytes)
@@ -223,4 +234,100 @@ pub async fn result(
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the result was stored but not recorded; retry"));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST tasks/{id}/model/chat/completions`: one model call of the task, forwarded to its
+/// model profile with the profile's key (see [`crate::model`]). Refusals and failures of the
+/// gateway answer in the OpenAI error format; the endpoint's own answers pass through.
+pub async fn model_chat(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let refuse = |e: ProxyError| {
+        let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        let mut response = (status, Json(e.body())).into_response();
+        if e.status == 429 {
+            // The per-user budget frees up over the day: an agent should not wait for it.
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("3600"));
+        }
+        response
+    };
+    let (id, record) = match live_task(&state, &claims, &id).await {
+        Ok(task) => task,
+        Err(e) => return refuse(ProxyError { status: e.status.as_u16(), message: e.message }),
+    };
+    let api = match api(&state) {
+        Ok(api) => api,
+        Err(e) => return refuse(ProxyError { status: e.status.as_u16(), message: e.message }),
+    };
+    let bytes = match read_body(&headers, body, crate::model::MAX_REQUEST_BYTES, "the model request").await {
+        Ok(b) => b,
+        Err(e) => return refuse(ProxyError { status: e.status.as_u16(), message: e.message }),
+    };
+    match model_call(api, &id, &record, &bytes).await {
+        Ok(forwarded) => {
+            let status = StatusCode::from_u16(forwarded.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            let mut response =
+                (status, [(axum::http::header::CONTENT_TYPE, "application/json")], forwarded.body).into_response();
+            if let Some(value) = forwarded.retry_after.and_then(|v| axum::http::HeaderValue::from_str(&v).ok()) {
+                response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
+            }
+            response
+        }
+        Err(e) => refuse(e),
+    }
+}
+
+async fn model_call(
+    api: &TaskApi,
+    id: &RunId,
+    record: &TaskRecord,
+    body: &[u8],
+) -> Result<crate::model::Forwarded, ProxyError> {
+    let platform = |e: crate::Error| {
+        tracing::warn!(task = %id, error = %e, "model call: the gateway could not check the task");
+        ProxyError { status: 503, message: e.public_message() }
+    };
+    let profile = api
+        .models
+        .profiles()
+        .resolve(record.profile.as_deref())
+        .map_err(|e| ProxyError { status: 503, message: e.to_string() })?
+        .clone();
+    let owner = Identity::from_owner(&record.owner);
+    if !api.authorizer.can_use_model(&owner, &record.namespace, &profile.name).await.map_err(platform)? {
+        return Err(ProxyError {
+            status: 403,
+            message: format!("the task's owner may not use the model profile {:?}", profile.name),
+        });
+    }
+    let since = now_ms() - i64::try_from(USER_BUDGET_WINDOW.as_millis()).unwrap_or(i64::MAX);
+    let owner_used: i64 = api
+        .backend
+        .list(&record.owner.key())
+        .await
+        .map_err(platform)?
+        .iter()
+        .filter(|t| t.created_ms >= since)
+        .map(|t| t.model_tokens)
+        .sum();
+    api.models.check_budgets(Usage {
+        task_used: record.model_tokens,
+        task_budget: record.budgets.max_model_tokens,
+        owner_used,
+    })?;
+    let forwarded = api.models.forward(&profile, &record.owner.user, body).await?;
+    if let Some(tokens) = forwarded.tokens {
+        let total = record.model_tokens.saturating_add(tokens);
+        if let Err(e) = api.backend.set_model_tokens(&record.namespace, id, &record.owner.key(), total).await {
+            tracing::warn!(task = %id, error = %e, "could not record the task's model tokens");
+        }
+    }
+    Ok(forwarded)
 }

@@ -5,8 +5,9 @@
 //! local user, and a static policy ([`crate::authz::policy`]) — served by the same
 //! [`crate::app`] as the cluster gateway. The runners reach the internal API on a second
 //! loopback listener. Coding tasks run as local agent processes ([`crate::tasks::local`])
-//! with the model from `TOOLYARD_MODEL_BASE_URL`, `TOOLYARD_MODEL` and
-//! `TOOLYARD_MODEL_API_KEY` in the gateway's environment (only tasks need them).
+//! whose model calls the gateway forwards ([`crate::model`]) to the profiles of
+//! `--model-profiles`, or to one profile from `TOOLYARD_MODEL_BASE_URL`, `TOOLYARD_MODEL` and
+//! `TOOLYARD_MODEL_API_KEY` (only tasks need them; the key stays in the gateway).
 
 mod banner;
 pub mod setup;
@@ -38,7 +39,7 @@ use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
 use crate::state::{AppState, Settings, loopback_hosts};
 use crate::store::fs::{Durability, FsStore};
 use crate::tasks::TaskBackend;
-use crate::tasks::local::{LocalModel, LocalTaskBackend, LocalTaskSettings, LocalTasks};
+use crate::tasks::local::{LocalTaskBackend, LocalTaskSettings, LocalTasks};
 use setup::DataDirLock;
 use workers::WarmPools;
 
@@ -87,6 +88,9 @@ pub struct LocalArgs {
     /// Log format.
     #[arg(long, env = "TOOLYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub models: crate::model::ModelArgs,
 }
 
 /// A running local gateway.
@@ -190,7 +194,6 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         workdir: data_dir.clone(),
         python: setup::agent_python(args.python.as_deref(), &interpreters),
         python_package: python_package.clone(),
-        model: LocalModel::from_env(),
         kill_grace,
         max_running: args.max_calls,
     };
@@ -207,6 +210,13 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         authz_metrics.register(r);
         auth_metrics.register(r);
     });
+    let models = args.models.build(&metrics)?;
+    if nix::unistd::geteuid().is_root() && !models.profiles().is_empty() {
+        tracing::warn!(
+            "running as root: coding agents' model-written code runs as root too (with no capability, but it \
+             reads every file root owns); run the local mode as an ordinary user"
+        );
+    }
     let authorizer = match &args.policy {
         Some(path) => PolicyAuthorizer::from_file(path)?,
         None => PolicyAuthorizer::parse(&default_policy(&args.user), "the default local policy")?,
@@ -243,9 +253,11 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         catalog: catalog.clone(),
         authorizer: authorizer.clone(),
         executor: executor.clone(),
+        models: models.clone(),
     };
     let state = AppState::new(catalog.clone(), executor, store.clone(), authorizer, settings)
         .with_tasks(tasks)
+        .with_models(models.shared_profiles())
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
     let public = app_with(state, auth, metadata_router(metadata), tokens.streams.clone());

@@ -140,20 +140,24 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
              permissions) to answer `task`, waits for it and returns its result: status, task_type, summary, \
              metrics, assumptions and the artifacts it saved. Progress notifications are sent while it runs. If \
              you stop waiting the task goes on: use get_task_result with its task_id. `tools` limits the tools it \
-             may use (default: every tool you may call).",
+             may use (default: every tool you may call); `model` names a model profile of the gateway (default: \
+             its default profile).",
             json!({
                 "type": "object",
                 "properties": {
                     "task": {"type": "string", "minLength": 1, "maxLength": 65536, "description": "What to do, in plain words."},
                     "tools": {"type": "array", "maxItems": 256, "items": {"type": "string", "minLength": 1, "maxLength": 64},
                               "description": "Names of the tools the task may use (default: all you may call)."},
+                    "model": {"type": "string", "minLength": 1, "maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                              "description": "A model profile of the gateway (default: its default profile)."},
                     "budgets": {
                         "type": "object",
                         "properties": {
                             "max_steps": {"type": "integer", "minimum": 1, "maximum": 200},
                             "max_model_calls": {"type": "integer", "minimum": 1, "maximum": 1000},
                             "max_tool_calls": {"type": "integer", "minimum": 0, "maximum": 10000},
-                            "timeout_seconds": {"type": "integer", "minimum": 10, "maximum": 86400}
+                            "timeout_seconds": {"type": "integer", "minimum": 10, "maximum": 86400},
+                            "max_model_tokens": {"type": "integer", "minimum": 1000, "maximum": 1000000000}
                         },
                         "additionalProperties": false
                     }

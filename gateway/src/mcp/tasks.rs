@@ -150,7 +150,7 @@ impl TaskTools<'_> {
         Ok(!files.is_empty())
     }
 
-    /// `run_coding_task(task, tools?, budgets?)`.
+    /// `run_coding_task(task, tools?, model?, budgets?)`.
     /// The wait ends (the task goes on) when `stop` fires: the client cancelled the request
     /// or went away.
     pub async fn run(
@@ -161,8 +161,19 @@ impl TaskTools<'_> {
         stop: CancellationToken,
     ) -> Result<CallToolResponse, ErrorData> {
         let backend = self.backend()?;
-        if let Err(e) = backend.check_ready() {
-            return Ok(error_result(unavailable_text(&e)).into());
+        let requested = args.get("model").and_then(Value::as_str);
+        let profile = match self.state.models.resolve(requested) {
+            Ok(p) => p.name.clone(),
+            Err(e) => return Ok(error_result(e.to_string()).into()),
+        };
+        let may_use = self
+            .state
+            .authorizer
+            .can_use_model(self.who, backend.namespace(), &profile)
+            .await
+            .map_err(|e| internal(self.state, &e))?;
+        if !may_use {
+            return Ok(error_result(format!("you may not use the model profile {profile:?}")).into());
         }
         let selection = match self.selection(args).await? {
             Ok(s) => s,
@@ -178,6 +189,7 @@ impl TaskTools<'_> {
             prompt: string_arg(args, "task").to_owned(),
             tools: selection,
             budgets,
+            profile,
             traceparent,
         };
         let record = match backend.create(task).await {
@@ -480,14 +492,6 @@ impl TaskTools<'_> {
     }
 }
 
-/// The text of an unavailable task backend (its own words, not the error prefix).
-fn unavailable_text(e: &crate::Error) -> String {
-    match e {
-        crate::Error::Unavailable(why) => why.clone(),
-        other => other.public_message(),
-    }
-}
-
 /// Budgets from the `budgets` argument: the given values over the defaults; more model calls
 /// than steps (every step needs one) unless set explicitly.
 pub fn budgets(value: Option<&Value>) -> Result<Budgets, String> {
@@ -506,6 +510,9 @@ pub fn budgets(value: Option<&Value>) -> Result<Budgets, String> {
     }
     if let Some(v) = get("timeout_seconds") {
         b.timeout_seconds = v;
+    }
+    if let Some(v) = given.get("max_model_tokens").and_then(Value::as_i64) {
+        b.max_model_tokens = v;
     }
     if b.max_model_calls < b.max_steps {
         return Err(format!(

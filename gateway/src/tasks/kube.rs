@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use toolyard_api::agent::{TaskResult, TaskStatus};
-use toolyard_api::codingtask::ModelSettings;
+use toolyard_api::codingtask::ModelChoice;
 use toolyard_api::conditions::{self, reason, status};
 use toolyard_api::storage::RunId;
 use toolyard_api::{CodingTask, CodingTaskSpec, GATEWAY_MANAGER, OwnerKey};
@@ -37,6 +37,8 @@ use crate::{Error, Result};
 const MAX_STATUS_METRICS_BYTES: usize = 4096;
 /// Most artifacts listed in the status.
 const MAX_STATUS_ARTIFACTS: usize = 100;
+/// Field manager of `status.modelTokens`.
+const MODEL_TOKENS_MANAGER: &str = "toolyard-gateway-model";
 
 /// CodingTasks in one namespace.
 #[derive(Clone)]
@@ -131,7 +133,7 @@ pub fn coding_task(task: &NewTask, namespace: &str) -> CodingTask {
             prompt: task.prompt.clone(),
             owner,
             tools: task.tools.clone(),
-            model: ModelSettings::default(),
+            model: ModelChoice { profile: Some(task.profile.clone()), ..ModelChoice::default() },
             budgets: task.budgets.clone(),
             cancel_requested: false,
         },
@@ -151,6 +153,8 @@ pub fn record_of(task: &CodingTask) -> Option<TaskRecord> {
         prompt: task.spec.prompt.clone(),
         tools: task.spec.tools.clone(),
         budgets: task.spec.budgets.clone(),
+        profile: task.spec.model.profile.clone(),
+        model_tokens: status.model_tokens.unwrap_or(0),
         created_ms,
         phase: phase_of(&status.conditions),
         task_type: status.task_type,
@@ -211,12 +215,6 @@ impl TaskBackend for KubeTasks {
         &self.namespace
     }
 
-    fn check_ready(&self) -> Result<()> {
-        // Model settings are the controller's (chart values and a Secret); a task it cannot
-        // run is rejected at once with a condition that names what to set.
-        Ok(())
-    }
-
     async fn create(&self, task: NewTask) -> Result<TaskRecord> {
         let object = coding_task(&task, &self.namespace);
         let params = PostParams { field_manager: Some(GATEWAY_MANAGER.to_owned()), ..PostParams::default() };
@@ -267,6 +265,18 @@ impl TaskBackend for KubeTasks {
         Ok(self.object(namespace, id).await?.and_then(|t| record_of(&t)).filter(|r| r.owned_by(owner)))
     }
 
+    async fn set_model_tokens(&self, namespace: &str, id: &RunId, _owner: &OwnerKey, total: i64) -> Result<()> {
+        let api: Api<CodingTask> = Api::namespaced(self.client.clone(), namespace);
+        let body = json!({
+            "apiVersion": toolyard_api::API_VERSION,
+            "kind": "CodingTask",
+            "status": {"modelTokens": total},
+        });
+        // A field manager of its own: the result's apply (below) leaves this field alone.
+        let params = PatchParams::apply(MODEL_TOKENS_MANAGER).force();
+        self.timed(api.patch_status(id.as_str(), &params, &Patch::Apply(&body))).await.map(drop)
+    }
+
     async fn record_result(&self, namespace: &str, id: &RunId, _owner: &OwnerKey, result: &TaskResult) -> Result<()> {
         let api: Api<CodingTask> = Api::namespaced(self.client.clone(), namespace);
         let body = json!({
@@ -302,6 +312,7 @@ mod tests {
             prompt: "compare".into(),
             tools: ToolSelection { names: vec!["price_option".into()], toolset: None },
             budgets: Budgets::default(),
+            profile: "default".into(),
             traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into()),
         };
         let object = coding_task(&task, "team");
@@ -309,6 +320,7 @@ mod tests {
         assert_eq!(labels[OWNER_LABEL], OwnerKey::derive("apikey", "alice").to_string());
         assert_eq!(labels[MANAGED_BY_LABEL], GATEWAY_MANAGER);
         assert_eq!(object.spec.owner.groups, ["quants"]);
+        assert_eq!(object.spec.model.profile.as_deref(), Some("default"));
         assert!(object.metadata.annotations.unwrap().contains_key(TRACEPARENT_ANNOTATION));
 
         assert_eq!(phase_of(&[]), Phase::Pending);

@@ -1,6 +1,6 @@
 //! [`TaskBackend`] for the embedded mode: each task is a `toolyard-runner agent` child
-//! process (its own process group, a task token minted with the local master key, the model
-//! settings from the gateway's environment), and its state is a `tasks/<id>/task.json`
+//! process (its own process group, a task token minted with the local master key; its model
+//! calls go through the gateway's model route, so it holds no model key), and its state is a `tasks/<id>/task.json`
 //! record next to its other files in the store, so records and results survive restarts.
 //!
 //! A supervisor per agent waits for it to exit and stops it on cancellation (SIGTERM, then
@@ -24,7 +24,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::agent::env::{AGENT_PYTHON, AGENT_PYTHONPATH, MODEL, MODEL_API_KEY, MODEL_BASE_URL};
+use toolyard_api::agent::env::{AGENT_PYTHON, AGENT_PYTHONPATH};
 use toolyard_api::agent::{TaskResult, TaskStatus};
 use toolyard_api::codingtask::{Budgets, TaskType, ToolSelection};
 use toolyard_api::protocol::env;
@@ -46,64 +46,6 @@ const STDERR_LIMIT: usize = 64 * 1024;
 /// Name of the task record inside the task folder.
 const RECORD_FILE: &str = "task.json";
 
-/// The model an agent talks to. The key never appears in `Debug` output or logs.
-#[derive(Clone)]
-pub struct LocalModel {
-    /// Base URL of the OpenAI-compatible API.
-    pub base_url: String,
-    /// Model id.
-    pub model: String,
-    /// API key, if the endpoint needs one.
-    pub api_key: Option<String>,
-}
-
-impl std::fmt::Debug for LocalModel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalModel")
-            .field("base_url", &self.base_url)
-            .field("model", &self.model)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<set>"))
-            .finish()
-    }
-}
-
-impl LocalModel {
-    /// From `TOOLYARD_MODEL_BASE_URL`, `TOOLYARD_MODEL` and `TOOLYARD_MODEL_API_KEY`; `Err`
-    /// names the variables to set (the gateway still starts: only coding tasks need them).
-    pub fn from_env() -> std::result::Result<Self, String> {
-        let var = |name: &str| std::env::var(name).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
-        Self::from_values(var(MODEL_BASE_URL), var(MODEL), var(MODEL_API_KEY))
-    }
-
-    /// From the three values; `Err` names what is missing.
-    pub fn from_values(
-        base_url: Option<String>,
-        model: Option<String>,
-        api_key: Option<String>,
-    ) -> std::result::Result<Self, String> {
-        match (base_url, model) {
-            (Some(base_url), Some(model)) => {
-                if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-                    return Err(format!("{MODEL_BASE_URL} must be an http(s) URL, e.g. https://api.openai.com/v1"));
-                }
-                Ok(Self { base_url, model, api_key })
-            }
-            (base_url, model) => {
-                let missing: Vec<&str> = [(base_url.is_none(), MODEL_BASE_URL), (model.is_none(), MODEL)]
-                    .into_iter()
-                    .filter_map(|(missing, name)| missing.then_some(name))
-                    .collect();
-                Err(format!(
-                    "coding tasks need a model: set {} in the gateway's environment (an OpenAI-compatible \
-                     endpoint such as https://api.openai.com/v1 and a model id), plus {MODEL_API_KEY} if the \
-                     endpoint needs a key, and restart it",
-                    missing.join(" and ")
-                ))
-            }
-        }
-    }
-}
-
 /// How agents are started on this machine.
 #[derive(Clone, Debug)]
 pub struct LocalTaskSettings {
@@ -117,8 +59,6 @@ pub struct LocalTaskSettings {
     pub python: PathBuf,
     /// The folder holding the `toolyard` Python package (the harness), if not installed.
     pub python_package: Option<PathBuf>,
-    /// The model, or why there is none.
-    pub model: std::result::Result<LocalModel, String>,
     /// Time between SIGTERM and SIGKILL when an agent is stopped.
     pub kill_grace: Duration,
     /// Agents running at once; more tasks are refused as busy until one ends.
@@ -136,6 +76,10 @@ struct StoredTask {
     tools: ToolSelection,
     #[serde(default)]
     budgets: Budgets,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    profile: Option<String>,
+    #[serde(default)]
+    model_tokens: i64,
     created_ms: i64,
     state: Phase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,6 +97,8 @@ impl StoredTask {
             prompt: self.prompt.clone(),
             tools: self.tools.clone(),
             budgets: self.budgets.clone(),
+            profile: self.profile.clone(),
+            model_tokens: self.model_tokens,
             created_ms: self.created_ms,
             phase: self.state.clone(),
             task_type: self.task_type,
@@ -277,7 +223,6 @@ impl LocalTasks {
     }
 
     fn spawn_agent(self: &Arc<Self>, record: &TaskRecord, traceparent: Option<&str>) -> Result<tokio::process::Child> {
-        let model = self.settings.model.as_ref().map_err(|why| Error::Unavailable(why.clone()))?;
         let claims = Claims {
             kind: RunKind::Task,
             ns: String::new(),
@@ -292,14 +237,9 @@ impl LocalTasks {
             .env(env::GATEWAY_URL, &self.settings.internal_url)
             .env(env::TOKEN, self.key.sign(&claims))
             .env(env::RUN_ID, record.id.as_str())
-            .env(MODEL_BASE_URL, &model.base_url)
-            .env(MODEL, &model.model)
             .env(AGENT_PYTHON, &self.settings.python)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        if let Some(key) = &model.api_key {
-            command.env(MODEL_API_KEY, key);
-        }
         if let Some(package) = &self.settings.python_package {
             command.env(AGENT_PYTHONPATH, package);
         }
@@ -383,12 +323,7 @@ impl TaskBackend for LocalTaskBackend {
         ""
     }
 
-    fn check_ready(&self) -> Result<()> {
-        self.0.settings.model.as_ref().map(drop).map_err(|why| Error::Unavailable(why.clone()))
-    }
-
     async fn create(&self, task: NewTask) -> Result<TaskRecord> {
-        self.check_ready()?;
         let this = &self.0;
         let owner = task.owner.owner();
         let stored = StoredTask {
@@ -397,6 +332,8 @@ impl TaskBackend for LocalTaskBackend {
             prompt: task.prompt.clone(),
             tools: task.tools.clone(),
             budgets: task.budgets.clone(),
+            profile: Some(task.profile.clone()),
+            model_tokens: 0,
             created_ms: now_ms(),
             state: Phase::Running,
             task_type: None,
@@ -474,6 +411,16 @@ impl TaskBackend for LocalTaskBackend {
         Ok(self.0.read(owner, id).await?.and_then(|s| s.record()))
     }
 
+    async fn set_model_tokens(&self, _namespace: &str, id: &RunId, owner: &OwnerKey, total: i64) -> Result<()> {
+        let this = &self.0;
+        let _guard = this.writes.lock().await;
+        if let Some(mut stored) = this.read(owner, id).await? {
+            stored.model_tokens = total;
+            this.write(&stored).await?;
+        }
+        Ok(())
+    }
+
     async fn record_result(&self, _namespace: &str, id: &RunId, owner: &OwnerKey, result: &TaskResult) -> Result<()> {
         let this = &self.0;
         let _guard = this.writes.lock().await;
@@ -495,18 +442,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn missing_model_settings_name_what_to_set() {
-        let e = LocalModel::from_values(None, None, None).unwrap_err();
-        assert!(e.contains("TOOLYARD_MODEL_BASE_URL and TOOLYARD_MODEL"), "{e}");
-        let e = LocalModel::from_values(Some("http://m/v1".into()), None, None).unwrap_err();
-        assert!(e.contains("set TOOLYARD_MODEL in") && !e.contains("set TOOLYARD_MODEL_BASE_URL"), "{e}");
-        assert!(LocalModel::from_values(Some("m/v1".into()), Some("x".into()), None).unwrap_err().contains("http(s)"));
-        let ok =
-            LocalModel::from_values(Some("http://m/v1".into()), Some("x".into()), Some("sk-secret".into())).unwrap();
-        assert!(!format!("{ok:?}").contains("sk-secret"));
-    }
-
-    #[test]
     fn records_round_trip() {
         let stored = StoredTask {
             id: "task-1".into(),
@@ -514,6 +449,8 @@ mod tests {
             prompt: "p".into(),
             tools: ToolSelection::default(),
             budgets: Budgets::default(),
+            profile: Some("default".into()),
+            model_tokens: 7,
             created_ms: 5,
             state: Phase::Finished { status: TaskStatus::Cancelled, message: "m".into() },
             task_type: Some(TaskType::Failed),

@@ -41,6 +41,8 @@ pub struct NewTask {
     pub tools: ToolSelection,
     /// Limits.
     pub budgets: Budgets,
+    /// The model profile (already resolved: exists and the owner may use it).
+    pub profile: String,
     /// W3C trace context of the request that started it.
     pub traceparent: Option<String>,
 }
@@ -84,6 +86,10 @@ pub struct TaskRecord {
     pub tools: ToolSelection,
     /// Limits.
     pub budgets: Budgets,
+    /// The model profile it names (`None`: the gateway's default).
+    pub profile: Option<String>,
+    /// Model tokens used so far (counted by the gateway's model proxy).
+    pub model_tokens: i64,
     /// Creation time, Unix milliseconds (the deadline counts from here).
     pub created_ms: i64,
     /// Where it stands.
@@ -113,10 +119,6 @@ pub trait TaskBackend: Send + Sync + 'static {
     /// empty in embedded mode).
     fn namespace(&self) -> &str;
 
-    /// `Err(Unavailable)` naming what to set when tasks cannot be started here (e.g. no
-    /// model configured); direct tool calls never depend on it.
-    fn check_ready(&self) -> crate::Result<()>;
-
     /// Starts a task and writes its `task_created` event.
     async fn create(&self, task: NewTask) -> crate::Result<TaskRecord>;
 
@@ -132,6 +134,10 @@ pub trait TaskBackend: Send + Sync + 'static {
     /// The task a runner token names (its claims' namespace, id and owner), for the
     /// internal API; `None` when it does not exist or the owner differs.
     async fn for_runner(&self, namespace: &str, id: &RunId, owner: &OwnerKey) -> crate::Result<Option<TaskRecord>>;
+
+    /// Sets the model tokens task `id` has used to `total`, where every replica sees it
+    /// (Kubernetes: the CodingTask's `status.modelTokens`; local: the task record).
+    async fn set_model_tokens(&self, namespace: &str, id: &RunId, owner: &OwnerKey, total: i64) -> crate::Result<()>;
 
     /// Records a stored result where the backend keeps task state (Kubernetes: the
     /// CodingTask's status result fields; local: the task record).
@@ -181,6 +187,8 @@ mod tests {
             prompt: "p".into(),
             tools: ToolSelection::default(),
             budgets: Budgets { timeout_seconds: 60, ..Budgets::default() },
+            profile: None,
+            model_tokens: 0,
             created_ms: 1_000,
             phase: Phase::Pending,
             task_type: None,

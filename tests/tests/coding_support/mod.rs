@@ -381,3 +381,42 @@ pub async fn check_pricing(client: &Client, result: &Value, requests: &[Value]) 
     let again = structured(&call(client, "get_task_result", json!({"task_id": task})).await);
     assert_eq!(&again, result);
 }
+
+/// The hostile model's step (`tests/fixtures/hostile/escapes.py`) with the internal API URLs a
+/// clever model might guess and the values that must not be found anywhere it can read.
+pub fn hostile_code(candidate_urls: &[String], secrets: &[&str]) -> String {
+    let code =
+        std::fs::read_to_string(toolyard_tests::repo_path("tests/fixtures/hostile/escapes.py")).expect("fixture");
+    code.replace("CANDIDATE_URLS = []", &format!("CANDIDATE_URLS = {}", json!(candidate_urls)))
+        .replace("SECRETS = []", &format!("SECRETS = {}", json!(secrets)))
+}
+
+/// What the hostile step reported: the `ESCAPES` line of the observation in `request` (the
+/// model request that followed the step).
+pub fn escapes_of(request: &Value) -> Map<String, Value> {
+    let observation = last_message(request);
+    let line = observation
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ESCAPES "))
+        .unwrap_or_else(|| panic!("the hostile step printed no ESCAPES line: {observation}"));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// Every escape the hostile step tried was refused: no /proc file of the runner (or of any
+/// process) gave it anything, no credential was readable anywhere, its own environment holds
+/// none, and the internal API refused it everywhere (and was found at least once: the test
+/// would prove nothing otherwise).
+pub fn assert_no_escape(escapes: &Map<String, Value>) {
+    for (name, outcome) in escapes {
+        if let Some(text) = outcome.as_str() {
+            assert!(text.starts_with("refused"), "{name}: {text}\n{escapes:?}");
+        }
+    }
+    assert_eq!(escapes["credentials in /proc"], json!([]), "{escapes:?}");
+    assert_eq!(escapes["own environment"], json!([]), "{escapes:?}");
+    let answers = escapes["internal api"].as_object().expect("internal api answers");
+    for (what, answer) in answers {
+        assert!(answer.as_u64().is_none_or(|code| !(200..300).contains(&code)), "{what} answered {answer}");
+    }
+    assert!(answers.values().any(|a| a == 401), "the internal API was never reached: {answers:?}");
+}

@@ -159,9 +159,9 @@ fn spawn(program: &Path, args: &[String], env: &[(String, String)], log: &Path) 
 }
 
 impl Platform {
-    /// Starts everything for a fresh namespace. `controller_env` adds controller settings
-    /// (model defaults for coding tasks).
-    pub async fn start(controller_env: &[(&str, &str)]) -> Platform {
+    /// Starts everything for a fresh namespace. `gateway_env` adds gateway settings (model
+    /// profiles for coding tasks).
+    pub async fn start(gateway_env: &[(&str, &str)]) -> Platform {
         let env = TestEnv::get();
         env.install_crds().await.expect("CRDs");
         let release_ns = env.namespace("e2e-system").await.expect("ns");
@@ -239,15 +239,17 @@ impl Platform {
         .iter()
         .map(|s| (*s).to_owned())
         .collect();
-        let gateway_env: Vec<(String, String)> = vec![
+        let mut gateway_env_all: Vec<(String, String)> = vec![
             ("KUBECONFIG".into(), gateway_kc.display().to_string()),
             ("TOOLYARD_S3_ACCESS_KEY_ID".into(), s3.access_key.clone()),
             ("TOOLYARD_S3_SECRET_ACCESS_KEY".into(), s3.secret_key.clone()),
             ("RUST_LOG".into(), "info".into()),
         ];
+        gateway_env_all.extend(gateway_env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let gateway_env = gateway_env_all;
         let gateway = spawn(&binary("toolyard-gateway"), &gateway_args, &gateway_env, &dir.path().join("gateway.log"));
 
-        let mut controller_env_all: Vec<(String, String)> = vec![
+        let controller_env: Vec<(String, String)> = vec![
             ("KUBECONFIG".into(), controller_kc.display().to_string()),
             ("TOOLYARD_NAMESPACES".into(), ns.clone()),
             ("TOOLYARD_RUNNER_IMAGE".into(), images::RUNNER.into()),
@@ -259,9 +261,8 @@ impl Platform {
             ("TOOLYARD_LEASE_NAME".into(), format!("{release}-toolyard-controller")),
             ("RUST_LOG".into(), "info".into()),
         ];
-        controller_env_all.extend(controller_env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let controller =
-            spawn(&binary("toolyard-controller"), &[], &controller_env_all, &dir.path().join("controller.log"));
+            spawn(&binary("toolyard-controller"), &[], &controller_env, &dir.path().join("controller.log"));
 
         let platform = Platform {
             ns,
@@ -275,7 +276,7 @@ impl Platform {
             dir,
             gateway_args,
             gateway_env,
-            controller_env: controller_env_all,
+            controller_env,
             controller_ops: format!("http://127.0.0.1:{controller_ops}"),
             controller_starts: 1,
             replicas: Vec::new(),

@@ -63,15 +63,13 @@ pub(crate) async fn drive(
     stop: &CancellationToken,
 ) -> Ending {
     events
-        .emit(
-            event::AGENT_STARTED,
-            json!({"model": settings.model.model, "tools": spec.tools.len(), "budgets": spec.budgets}),
-        )
+        .emit(event::AGENT_STARTED, json!({"model": spec.model, "tools": spec.tools.len(), "budgets": spec.budgets}))
         .await;
-    let model = match Model::new(settings.model.clone(), settings.model_timeout, RetryPolicy::default()) {
-        Ok(m) => m,
-        Err(e) => return Ending::failed(TaskStatus::Failed, format!("cannot set up the model client: {e}")),
-    };
+    let model =
+        match Model::new(api.model_settings(&spec.id, &spec.model), settings.model_timeout, RetryPolicy::default()) {
+            Ok(m) => m,
+            Err(e) => return Ending::failed(TaskStatus::Failed, format!("cannot set up the model client: {e}")),
+        };
     let scratch = std::env::temp_dir().join(format!("toolyard-agent-{}-{}", spec.id, std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     if let Err(e) = std::fs::create_dir_all(&scratch) {

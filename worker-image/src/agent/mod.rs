@@ -1,7 +1,8 @@
 //! `toolyard-runner agent`: the code agent of one coding task.
 //!
-//! The loop (`conversation`): the model is told the task, the tools and the rules
-//! ([`prompt`]); it answers with Python code, which runs in a persistent interpreter
+//! The loop (`conversation`): the model (reached through the gateway's model route with the
+//! task token: no model key is ever in the agent's environment) is told the task, the tools
+//! and the rules ([`prompt`]); it answers with Python code, which runs in a persistent interpreter
 //! ([`harness`]) whose tool stubs call back through this runner to the gateway, as the task's
 //! owner (`requests`); the printed output or the traceback goes back to the model as an
 //! observation; until `final_answer(...)` meets the result contract or a budget runs out.
@@ -26,10 +27,9 @@ use toolyard_api::protocol::{Event, env, runner_exit};
 
 use crate::api::InternalApi;
 use conversation::Ending;
-use model::ModelSettings;
 use requests::Tally;
 
-use toolyard_api::agent::env::{AGENT_PYTHON, AGENT_PYTHONPATH, MODEL, MODEL_API_KEY, MODEL_BASE_URL};
+use toolyard_api::agent::env::{AGENT_PYTHON, AGENT_PYTHONPATH};
 
 /// Attempts per internal API request (about half a minute of retries in all).
 const INTERNAL_API_ATTEMPTS: u32 = 9;
@@ -49,15 +49,6 @@ pub struct AgentArgs {
     /// The task id.
     #[arg(long, env = env::RUN_ID)]
     pub run_id: String,
-    /// Base URL of the OpenAI-compatible chat-completions API.
-    #[arg(long, env = MODEL_BASE_URL)]
-    pub model_base_url: String,
-    /// Model id.
-    #[arg(long, env = MODEL)]
-    pub model: String,
-    /// API key of the model endpoint (empty: none sent).
-    #[arg(long, env = MODEL_API_KEY, hide_env_values = true, default_value = "")]
-    pub model_api_key: String,
     /// Python interpreter running the model's code.
     #[arg(long, env = AGENT_PYTHON, default_value = "python3")]
     pub python: PathBuf,
@@ -77,8 +68,6 @@ pub struct AgentArgs {
 pub struct AgentSettings {
     /// The task id.
     pub task_id: String,
-    /// The model.
-    pub model: ModelSettings,
     /// Timeout of one model request.
     pub model_timeout: Duration,
     /// The interpreter.
@@ -102,7 +91,6 @@ pub async fn main(args: AgentArgs) -> i32 {
     };
     let settings = AgentSettings {
         task_id: args.run_id,
-        model: ModelSettings { base_url: args.model_base_url, model: args.model, api_key: args.model_api_key },
         model_timeout: Duration::from_secs(args.model_timeout_seconds.max(1)),
         python: args.python,
         pythonpath: args.pythonpath.filter(|p| !p.is_empty()),
@@ -269,6 +257,7 @@ mod tests {
             budgets: Budgets::default(),
             deadline_unix_ms,
             max_artifact_bytes: 1,
+            model: "m".into(),
         }
     }
 

@@ -228,6 +228,7 @@ mod tests {
             budgets: Budgets::default(),
             deadline_unix_ms: 0,
             max_artifact_bytes: 1024,
+            model: "m".into(),
         };
         assert!(system_prompt(&spec).contains("- price_option(spot: float"));
         spec.tools = (0..40).map(|i| ToolInfo { name: format!("t{i}"), ..tool() }).collect();
