@@ -14,10 +14,12 @@
 //! | [`tasks::TaskBackend`] | CodingTask objects run by the controller | `toolyard-runner agent` child processes |
 
 pub mod app;
+pub mod assemble;
 pub mod auth;
 pub mod authz;
 pub mod catalog;
 pub mod coarse_timer;
+pub mod core;
 pub mod error;
 pub mod executor;
 pub mod identity;

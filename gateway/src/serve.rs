@@ -14,23 +14,22 @@ use anyhow::Context;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::app_with;
-use crate::auth::{AuthArgs, AuthMetrics, metadata_router};
+use crate::assemble::{Assembled, Backends, assemble};
+use crate::auth::{AuthArgs, AuthMetrics};
 use crate::authz::{AuthzArgs, AuthzMetrics};
 use crate::catalog::kube::{KubeCatalog, Namespaces};
 use crate::executor::Executor;
 use crate::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeResultRecorder};
 use crate::executor::pool::PoolClient;
-use crate::internal::{InternalArgs, InternalState};
+use crate::internal::InternalArgs;
 use crate::limits::LimitSettings;
 use crate::logging::LogFormat;
 use crate::metrics::Metrics;
 use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens, bind};
-use crate::state::{AppState, Settings, loopback_hosts};
+use crate::state::{Settings, loopback_hosts};
 use crate::store::ArtifactStore;
 use crate::store::fs::FsStore;
 use crate::store::s3::{S3Settings, S3Store};
-use crate::tasks::TaskBackend;
 use crate::tasks::kube::KubeTasks;
 use crate::tls::TlsArgs;
 
@@ -296,11 +295,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         limits: args.limits.settings(),
         ..Settings::default()
     };
-    let catalog = Arc::new(catalog);
     let executor = Arc::new(executor);
     let flushed = executor.clone();
     let task_namespace = args.task_namespace();
-    let tasks: Arc<dyn TaskBackend> = Arc::new(KubeTasks::start(
+    let tasks = Arc::new(KubeTasks::start(
         client.clone(),
         &task_namespace,
         store.clone(),
@@ -308,27 +306,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         background.clone(),
     ));
     tracing::info!(namespace = %task_namespace, "coding tasks are created in this namespace");
-    let task_api = crate::internal::TaskApi {
-        backend: tasks.clone(),
-        catalog: catalog.clone(),
-        authorizer: authorizer.clone(),
-        executor: executor.clone(),
-        models: models.clone(),
+    let backends = Backends {
+        catalog: Arc::new(catalog),
+        executor,
+        store,
+        authorizer,
+        tasks,
+        models,
+        recorder: Arc::new(KubeResultRecorder::new(client)),
+        signing_key,
+        auth: auth.state,
     };
-    let state = AppState::new(catalog, executor, store.clone(), authorizer, settings)
-        .with_tasks(tasks)
-        .with_models(models.shared_profiles())
-        .with_metrics(metrics)
-        .with_shutdown(tokens.app.clone());
-
-    let public =
-        app_with(state.clone(), auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
-    let internal = crate::internal::router(
-        InternalState::new(store, signing_key)
-            .with_recorder(Arc::new(KubeResultRecorder::new(client)))
-            .with_tasks(task_api)
-            .with_limits(args.internal.limits()),
-    );
+    let Assembled { state, public, internal } = assemble(backends, settings, args.internal.limits(), metrics, &tokens);
 
     let public_tls = match tls_files {
         Some(files) => {

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::authz::Authorizer;
 use crate::catalog::ToolCatalog;
+use crate::core::{Access, Calls};
 use crate::executor::Executor;
 use crate::limits::{LimitSettings, Limits};
 use crate::mcp::cancel::CancelRegistry;
@@ -73,6 +74,9 @@ pub struct AppState {
     pub tasks: Option<Arc<dyn TaskBackend>>,
     /// The model profiles coding tasks may name.
     pub models: Arc<ModelProfiles>,
+    /// Every tool call, from MCP clients and coding tasks, runs through this service; its
+    /// access filter decides listings too.
+    pub calls: Arc<Calls>,
     /// Tool calls this process waits on, for `notifications/cancelled`.
     pub cancels: Arc<CancelRegistry>,
     /// Admission state.
@@ -101,7 +105,10 @@ impl AppState {
         authorizer: Arc<dyn Authorizer>,
         settings: Settings,
     ) -> Self {
+        let limits = Arc::new(Limits::new(settings.limits.clone()));
+        let metrics = Arc::new(Metrics::new());
         Self {
+            calls: calls(&catalog, &authorizer, &executor, &limits, &metrics),
             catalog,
             executor,
             store,
@@ -109,8 +116,8 @@ impl AppState {
             tasks: None,
             models: Arc::new(ModelProfiles::none()),
             cancels: Arc::new(CancelRegistry::default()),
-            limits: Arc::new(Limits::new(settings.limits.clone())),
-            metrics: Arc::new(Metrics::new()),
+            limits,
+            metrics,
             settings: Arc::new(settings),
             shutdown: CancellationToken::new(),
             health: Arc::new(HealthCache::default()),
@@ -119,8 +126,14 @@ impl AppState {
 
     /// The same state with the given metrics (to share a registry with other parts).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.calls = calls(&self.catalog, &self.authorizer, &self.executor, &self.limits, &metrics);
         self.metrics = metrics;
         self
+    }
+
+    /// The access filter: which tools a caller sees and may use.
+    pub fn access(&self) -> &Access {
+        self.calls.access()
     }
 
     /// The same state with coding tasks run by `backend`.
@@ -164,6 +177,18 @@ impl AppState {
         self.health.set(result.clone());
         result
     }
+}
+
+/// The call service over the state's parts.
+fn calls(
+    catalog: &Arc<dyn ToolCatalog>,
+    authorizer: &Arc<dyn Authorizer>,
+    executor: &Arc<dyn Executor>,
+    limits: &Arc<Limits>,
+    metrics: &Arc<Metrics>,
+) -> Arc<Calls> {
+    let access = Access::new(catalog.clone(), authorizer.clone(), metrics.clone());
+    Arc::new(Calls::new(access, executor.clone(), limits.clone(), metrics.clone()))
 }
 
 /// The last storage health result, valid for a short time.

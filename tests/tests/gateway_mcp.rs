@@ -17,9 +17,14 @@ use rmcp::model::{CallToolRequestParams, ProtocolVersion, SubscriptionFilter};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 use toolyard_api::ToolCall;
+use toolyard_api::agent::ToolOutcome;
+use toolyard_api::codingtask::{Budgets, ToolSelection};
 use toolyard_api::conditions::reason;
 use toolyard_api::protocol::CallResult;
 use toolyard_api::storage::CallFile;
+use toolyard_api::token::{Claims, RunKind};
+use toolyard_gateway::Identity;
+use toolyard_gateway::tasks::{NewTask, new_task_id};
 use toolyard_tests::{TestEnv, User, wait_until};
 
 /// A namespace with the platform's RBAC, `tools` (object name, MCP name, timeout) Ready, and
@@ -367,6 +372,80 @@ async fn a_user_over_the_call_limit_gets_server_busy() {
     platform.next().await;
     release.notify_one();
     assert_eq!(second.await.expect("join").expect("bob's call").is_error, Some(false));
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"user_calls\"} 1"), "{metrics}");
+    assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"busy\"} 1"), "{metrics}");
+    assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"success\"} 2"), "{metrics}");
+}
+
+/// An agent's tool calls go through the same call service as the owner's MCP calls: they
+/// count against the owner's limit and in the call metrics.
+#[tokio::test]
+async fn a_coding_tasks_tool_calls_count_against_its_owners_limit() {
+    let ns = setup("gwtaskbusy", &[("held", "held", 300)]).await;
+    let mut options = Options::default();
+    options.settings.limits.max_calls_per_user = 1;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    let release = Arc::new(Notify::new());
+    platform.set("held", Behaviour::HoldThenEcho(release.clone()));
+    let client = Arc::new(gw.client(User::Alice).await);
+    let first = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool(call("held", json!({"x": 1}))).await })
+    };
+    // Alice's call holds her one slot; a task of hers asks for another call.
+    let owner = platform.next().await.call.spec.owner;
+    let tasks = gw.state.tasks.clone().expect("a task backend");
+    let task = tasks
+        .create(NewTask {
+            id: new_task_id(),
+            owner: Identity::from_owner(&owner),
+            prompt: "price things".into(),
+            tools: ToolSelection::default(),
+            budgets: Budgets::default(),
+            profile: "default".into(),
+            traceparent: None,
+        })
+        .await
+        .expect("task");
+    let claims = Claims {
+        kind: RunKind::Task,
+        ns: ns.clone(),
+        id: task.id.to_string(),
+        owner: owner.clone(),
+        exp: k8s_openapi::jiff::Timestamp::now().as_second() + 600,
+    };
+    let token = gateway_support::signing_key().sign(&claims);
+    let agent_call = |x: i64| {
+        let url = format!("{}/internal/v1/tasks/{}/tools/held/call", gw.internal, task.id);
+        let token = token.clone();
+        async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(token)
+                .json(&json!({"arguments": {"x": x}}))
+                .send()
+                .await
+                .expect("agent call");
+            assert_eq!(response.status(), 200);
+            response.json::<ToolOutcome>().await.expect("a tool outcome")
+        }
+    };
+    let busy = agent_call(2).await;
+    assert!(busy.is_error && busy.text.starts_with("server busy"), "{busy:?}");
+    assert_eq!(busy.call_id, None, "nothing ran");
+
+    release.notify_one();
+    assert_eq!(first.await.expect("join").expect("first call").is_error, Some(false));
+    // With the slot free, the agent's call runs as alice, naming its task.
+    let second = tokio::spawn(agent_call(3));
+    let seen = platform.next().await;
+    assert_eq!(seen.call.spec.owner, owner);
+    assert_eq!(seen.input, json!({"x": 3}));
+    release.notify_one();
+    let done = second.await.expect("join");
+    assert!(!done.is_error, "{done:?}");
     let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"user_calls\"} 1"), "{metrics}");
     assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"busy\"} 1"), "{metrics}");

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 use toolyard_api::mcptool::McpToolSpec;
 
 pub mod kube;
@@ -22,9 +22,10 @@ pub struct Tool {
     pub spec: McpToolSpec,
     /// Compiled `inputSchema` (never fetches remote `$ref`s).
     pub validator: Arc<jsonschema::Validator>,
-    /// The `tools/list` entry, built with the catalog snapshot: a listing clones its names and
-    /// the `Arc`s of its schemas instead of copying the schemas for every request.
-    pub listing: rmcp::model::Tool,
+    /// `spec.inputSchema`, shared: a listing clones the `Arc` instead of the schema.
+    pub input_schema: Arc<Map<String, Value>>,
+    /// `spec.outputSchema`, shared likewise.
+    pub output_schema: Option<Arc<Map<String, Value>>>,
     /// Pool mode: base URL of the warm pool serving this tool (the McpTool's
     /// `status.endpoint`, or a local warm worker in embedded mode).
     pub endpoint: Option<String>,
@@ -46,8 +47,9 @@ impl Tool {
         spec: McpToolSpec,
         validator: Arc<jsonschema::Validator>,
     ) -> Self {
-        let listing = crate::mcp::to_mcp_tool(&spec);
-        Self { namespace, object_name, generation, spec, validator, listing, endpoint: None }
+        let input_schema = Arc::new(spec.input_schema.clone());
+        let output_schema = spec.output_schema.clone().map(Arc::new);
+        Self { namespace, object_name, generation, spec, validator, input_schema, output_schema, endpoint: None }
     }
 
     /// The same tool with a pool endpoint.

@@ -3,9 +3,10 @@
 //! the [`TaskBackend`] and must have the token's owner; storage is addressed through that
 //! owner. Once the task has ended (its result is recorded, or its backend says it is over)
 //! the token opens nothing: every route answers 403, so a finished task's files cannot be
-//! rewritten. Tool calls run as the owner, with the same authorization and argument validation
-//! as a direct call; each is a call like any other (a ToolCall on Kubernetes) naming the task
-//! as its parent.
+//! rewritten. Tool calls go through [`crate::core::Calls`], the service MCP calls use: they
+//! run as the owner, within the task's tool selection, with the same authorization,
+//! argument validation, per-user admission limits and metrics as the owner's own calls; each
+//! is a call like any other (a ToolCall on Kubernetes) naming the task as its parent.
 
 use std::sync::Arc;
 
@@ -24,11 +25,9 @@ use super::InternalState;
 use super::auth::RunClaims;
 use super::error::ApiError;
 use super::handlers::read_body;
-use crate::authz::Authorizer;
-use crate::catalog::ToolCatalog;
-use crate::executor::{CallRequest, Executor};
+use crate::core::ids::is_traceparent;
+use crate::core::{CallError, CallInput, Called, Calls, Selection};
 use crate::identity::Identity;
-use crate::mcp::errors::unknown_tool;
 use crate::model::{ModelProxy, ProxyError, USER_BUDGET_WINDOW, Usage};
 use crate::tasks::view::{self, task_path};
 use crate::tasks::{TaskBackend, TaskRecord, now_ms, tools};
@@ -47,12 +46,9 @@ const MAX_CALL_BYTES: usize = 4 * 1024 * 1024;
 pub struct TaskApi {
     /// Where tasks run.
     pub backend: Arc<dyn TaskBackend>,
-    /// Which tools exist.
-    pub catalog: Arc<dyn ToolCatalog>,
-    /// Who may call what (the same decisions as for direct calls).
-    pub authorizer: Arc<dyn Authorizer>,
-    /// Runs the tasks' tool calls.
-    pub executor: Arc<dyn Executor>,
+    /// The call service the MCP server uses too: the tasks' tool calls are resolved,
+    /// admitted, counted and traced like direct calls, against the owner's limits.
+    pub calls: Arc<Calls>,
     /// The tasks' model calls.
     pub models: Arc<ModelProxy>,
 }
@@ -88,7 +84,7 @@ pub async fn spec(State(state): St, claims: RunClaims, Path(id): Path<String>) -
     let (id, record) = live_task(&state, &claims, &id).await?;
     let api = api(&state)?;
     let owner = Identity::from_owner(&claims.0.owner);
-    let allowed = tools::allowed(api.catalog.as_ref(), &api.authorizer, &owner, &record.tools).await?;
+    let allowed = api.calls.access().tools(&owner, &Selection::from(&record.tools)).await?;
     let model = api.models.profiles().resolve(record.profile.as_deref()).map(|p| p.model.clone()).unwrap_or_default();
     Ok(Json(TaskSpec {
         id: id.to_string(),
@@ -114,43 +110,32 @@ pub async fn tool_call(
     let bytes = read_body(&headers, body, MAX_CALL_BYTES, "the tool call").await?;
     let call: ToolCallBody = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a tool call: {e}")))?;
-    let owner = Identity::from_owner(&claims.0.owner);
-    let outcome = |text: String| ToolOutcome { is_error: true, structured_content: None, text, call_id: None };
-
-    let resolved = tools::resolve(api.catalog.as_ref(), api.authorizer.as_ref(), &owner, &record.tools, &name).await?;
-    let Some(tool) = resolved else {
-        tracing::info!(task = %id, "a task asked for a tool it may not use or that does not exist");
-        return Ok(Json(outcome(unknown_tool(&name).message.to_string())));
-    };
-    let arguments = Value::Object(call.arguments);
-    if let Err(problems) = tool.validate(&arguments) {
-        return Ok(Json(outcome(format!("invalid arguments: {problems}"))));
-    }
-    let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
-
-    let call_id = crate::mcp::new_call_id(tool.name());
     // The agent's request going away (agent killed) cancels the call.
     let cancel = CancellationToken::new();
     let _cancel_on_drop = cancel.clone().drop_guard();
-    let request = CallRequest {
-        id: call_id.clone(),
-        tool: tool.clone(),
-        caller: owner,
-        arguments,
-        traceparent: None,
+    let input = CallInput {
+        who: Identity::from_owner(&claims.0.owner),
+        selection: Selection::from(&record.tools),
+        tool: name,
+        arguments: call.arguments,
+        traceparent: headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .filter(|t| is_traceparent(t))
+            .map(str::to_owned),
         parent_task: Some(id.clone()),
         cancel,
         cancel_key: None,
     };
-    tracing::info!(task = %id, tool = %tool.name(), call = %call_id, "task tool call");
-    match api.executor.call(request).await {
-        Ok(result) => Ok(Json(match (result.error, result.value) {
-            (Some(error), _) => ToolOutcome {
-                is_error: true,
-                structured_content: None,
-                text: error.message,
-                call_id: Some(call_id.to_string()),
-            },
+    let failed = |text: String, call_id: Option<&RunId>| ToolOutcome {
+        is_error: true,
+        structured_content: None,
+        text,
+        call_id: call_id.map(ToString::to_string),
+    };
+    Ok(Json(match api.calls.call(input).await {
+        Ok(Called { id: call_id, result }) => match (result.error, result.value) {
+            (Some(error), _) => failed(error.message, Some(&call_id)),
             (None, value) => {
                 let value = value.unwrap_or(Value::Null);
                 ToolOutcome {
@@ -160,12 +145,18 @@ pub async fn tool_call(
                     call_id: Some(call_id.to_string()),
                 }
             }
-        })),
-        Err(e) => {
-            tracing::warn!(task = %id, error = %e, "a task's tool call failed in the platform");
-            Ok(Json(ToolOutcome { call_id: Some(call_id.to_string()), ..outcome(e.public_message()) }))
+        },
+        Err(e @ CallError::UnknownTool(_)) => {
+            tracing::info!(task = %id, "a task asked for a tool it may not use or that does not exist");
+            failed(e.to_string(), None)
         }
-    }
+        Err(e @ CallError::InvalidArguments(_)) => failed(e.to_string(), None),
+        Err(CallError::Busy(what)) => failed(format!("server busy: {what}; retry later"), None),
+        Err(CallError::Platform(e)) => {
+            tracing::warn!(task = %id, error = %e, "a task's tool call failed in the platform");
+            failed(e.public_message(), None)
+        }
+    }))
 }
 
 /// `GET tasks/{id}/outputs`: the artifacts, listed from storage.
@@ -301,7 +292,14 @@ async fn model_call(
         .map_err(|e| ProxyError { status: 503, message: e.to_string() })?
         .clone();
     let owner = Identity::from_owner(&record.owner);
-    if !api.authorizer.can_use_model(&owner, &record.namespace, &profile.name).await.map_err(platform)? {
+    if !api
+        .calls
+        .access()
+        .authorizer()
+        .can_use_model(&owner, &record.namespace, &profile.name)
+        .await
+        .map_err(platform)?
+    {
         return Err(ProxyError {
             status: 403,
             message: format!("the task's owner may not use the model profile {:?}", profile.name),

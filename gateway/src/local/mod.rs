@@ -23,22 +23,20 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 use toolyard_api::token::SigningKey;
 
-use crate::app::app_with;
+use crate::assemble::{Assembled, Backends, assemble};
 use crate::auth::apikey::{API_KEY_PREFIX, ApiKey, ApiKeyAuthenticator, generate_api_key, hash_api_key};
-use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata, metadata_router};
-use crate::authz::Authorizer;
+use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata};
 use crate::authz::{AuthzMetrics, PolicyAuthorizer};
 use crate::catalog::ToolCatalog;
 use crate::catalog::local::LocalCatalog;
 use crate::executor::Executor;
 use crate::executor::local::{LaunchSettings, LocalExecutor, LocalResults};
-use crate::internal::{InternalState, TaskApi};
+use crate::internal::InternalLimits;
 use crate::logging::LogFormat;
 use crate::metrics::Metrics;
 use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
-use crate::state::{AppState, Settings, loopback_hosts};
+use crate::state::{Settings, loopback_hosts};
 use crate::store::fs::{Durability, FsStore};
-use crate::tasks::TaskBackend;
 use crate::tasks::local::{LocalTaskBackend, LocalTaskSettings, LocalTasks};
 use setup::DataDirLock;
 use workers::WarmPools;
@@ -232,12 +230,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         resource_name: Some("Toolyard (local)".into()),
         ..ProtectedResourceMetadata::default()
     };
-    let auth = Arc::new(AuthState {
-        chain,
-        metadata: metadata.clone(),
-        required_scopes: Vec::new(),
-        scoped_issuers: Vec::new(),
-    });
+    let auth = Arc::new(AuthState { chain, metadata, required_scopes: Vec::new(), scoped_issuers: Vec::new() });
 
     let mut allowed_hosts = loopback_hosts();
     allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
@@ -245,23 +238,18 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let tokens = ShutdownTokens::default();
     let executor: Arc<dyn Executor> = Arc::new(executor);
     let flushed = executor.clone();
-    let authorizer: Arc<dyn Authorizer> = Arc::new(authorizer);
-    let tasks: Arc<dyn TaskBackend> =
-        Arc::new(LocalTaskBackend(LocalTasks::new(store.clone(), key.clone(), task_settings, background.clone())));
-    let task_api = TaskApi {
-        backend: tasks.clone(),
+    let backends = Backends {
         catalog: catalog.clone(),
-        authorizer: authorizer.clone(),
-        executor: executor.clone(),
-        models: models.clone(),
+        executor,
+        store: store.clone(),
+        authorizer: Arc::new(authorizer),
+        tasks: Arc::new(LocalTaskBackend(LocalTasks::new(store, key.clone(), task_settings, background.clone()))),
+        models,
+        recorder: results,
+        signing_key: key,
+        auth,
     };
-    let state = AppState::new(catalog.clone(), executor, store.clone(), authorizer, settings)
-        .with_tasks(tasks)
-        .with_models(models.shared_profiles())
-        .with_metrics(metrics)
-        .with_shutdown(tokens.app.clone());
-    let public = app_with(state, auth, metadata_router(metadata), tokens.streams.clone());
-    let internal = crate::internal::router(InternalState::new(store, key).with_recorder(results).with_tasks(task_api));
+    let Assembled { public, internal, .. } = assemble(backends, settings, InternalLimits::default(), metrics, &tokens);
 
     let listeners = vec![
         Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },

@@ -1,26 +1,22 @@
 //! Conversions between Toolyard types and rmcp's MCP model.
 
-use std::sync::Arc;
-
 use rmcp::model::{CallToolResult, ContentBlock, Tool as McpTool, ToolAnnotations};
 use serde_json::Value;
 use toolyard_api::protocol::{CallResult, structured_content};
 
-use toolyard_api::mcptool::McpToolSpec;
+use crate::catalog::Tool;
 
 /// The MCP description of a tool: name, title, description, schemas and annotations as
-/// declared on the McpTool.
-pub fn to_mcp_tool(spec: &McpToolSpec) -> McpTool {
-    let mut out = McpTool::new_with_raw(
-        spec.name.clone(),
-        Some(spec.description.clone().into()),
-        Arc::new(spec.input_schema.clone()),
-    );
+/// declared on the McpTool (the schemas are shared with the catalog, not copied).
+pub fn to_mcp_tool(tool: &Tool) -> McpTool {
+    let spec = &tool.spec;
+    let mut out =
+        McpTool::new_with_raw(spec.name.clone(), Some(spec.description.clone().into()), tool.input_schema.clone());
     if let Some(title) = &spec.title {
         out = out.with_title(title.clone());
     }
-    if let Some(schema) = &spec.output_schema {
-        out = out.with_raw_output_schema(Arc::new(schema.clone()));
+    if let Some(schema) = &tool.output_schema {
+        out = out.with_raw_output_schema(schema.clone());
     }
     if let Some(a) = &spec.annotations {
         out = out.with_annotations(ToolAnnotations::from_raw(
@@ -76,7 +72,7 @@ mod tests {
 
     #[test]
     fn tool_fields_are_carried_over() {
-        let t = serde_json::to_value(&tool().listing).unwrap();
+        let t = serde_json::to_value(to_mcp_tool(&tool())).unwrap();
         assert_eq!(t["name"], "price_option");
         assert_eq!(t["title"], "Price an option");
         assert_eq!(t["description"], "Black-Scholes price");

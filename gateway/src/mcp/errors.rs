@@ -12,13 +12,9 @@ pub const SERVER_BUSY: ErrorCode = ErrorCode(-32003);
 /// JSON-RPC error code of "not authenticated" (no identity reached the handler).
 pub const UNAUTHENTICATED: ErrorCode = ErrorCode(-32001);
 
-/// Longest tool name echoed back in an error.
-const MAX_ECHOED_NAME: usize = 64;
-
 /// `Unknown tool: <name>` — for unknown, unauthorized and out-of-scope tools alike.
 pub fn unknown_tool(name: &str) -> ErrorData {
-    let shown: String = name.chars().take(MAX_ECHOED_NAME).collect();
-    ErrorData::invalid_params(format!("Unknown tool: {shown:?}"), None)
+    ErrorData::invalid_params(crate::core::calls::unknown_tool_message(name), None)
 }
 
 /// Refused by an admission limit; `data.retryAfterSeconds` says when to try again.

@@ -5,7 +5,6 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures::StreamExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
     Implementation, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
@@ -16,15 +15,13 @@ use rmcp::service::{RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::protocol::CallErrorKind;
-use toolyard_api::storage::RunId;
-use tracing::Instrument;
 
 use super::builtin::Builtin;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::Tool;
-use crate::executor::CallRequest;
+use crate::core::ids::is_traceparent;
+use crate::core::{CallError, CallInput};
 use crate::identity::Identity;
 use crate::metrics::CallOutcome;
 use crate::state::AppState;
@@ -34,8 +31,6 @@ use crate::state::AppState;
 pub const SUPPORTED_PROTOCOL_VERSIONS: &[ProtocolVersion] =
     &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18];
 
-/// Authorization checks run at once while listing.
-const AUTHZ_CONCURRENCY: usize = 16;
 /// Most resources one subscription may watch.
 const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
 
@@ -50,6 +45,14 @@ impl Entry {
         match self {
             Entry::Catalog(t) => t.name(),
             Entry::Builtin(b) => b.name(),
+        }
+    }
+
+    /// The tool the entry stands for (none for a built-in).
+    fn tool(&self) -> Option<&Tool> {
+        match self {
+            Entry::Catalog(t) => Some(t),
+            Entry::Builtin(_) => None,
         }
     }
 }
@@ -130,52 +133,6 @@ impl McpHandler {
         self.state.metrics.mcp_request(method, if ok { "ok" } else { "error" });
     }
 
-    /// Authorizes `entries` for `who` (bounded concurrency, order kept; built-ins are already
-    /// filtered) and returns at most `limit` allowed ones plus whether candidates remain after
-    /// the last one returned.
-    async fn authorized_page(
-        &self,
-        who: &Identity,
-        entries: Vec<Entry>,
-        limit: usize,
-    ) -> Result<(Vec<Entry>, bool), ErrorData> {
-        let total = entries.len();
-        let authorizer = self.state.authorizer.clone();
-        let mut checks = futures::stream::iter(entries)
-            .map(|entry| {
-                let authorizer = authorizer.clone();
-                async move {
-                    let allowed = match &entry {
-                        Entry::Catalog(tool) => authorizer.can_call(who, tool).await,
-                        Entry::Builtin(_) => Ok(true),
-                    };
-                    (entry, allowed)
-                }
-            })
-            .buffered(AUTHZ_CONCURRENCY);
-        let mut page = Vec::new();
-        let mut seen = 0;
-        let mut denied = 0;
-        while let Some((entry, allowed)) = checks.next().await {
-            seen += 1;
-            match allowed {
-                Ok(true) => page.push(entry),
-                Ok(false) => denied += 1,
-                Err(e) => {
-                    tracing::error!(error = %e, tool = %entry.name(), "authorization check failed");
-                    return Err(errors::from_error(&e, self.retry_after()));
-                }
-            }
-            if page.len() >= limit {
-                break;
-            }
-        }
-        if denied > 0 {
-            self.state.metrics.authz_denied("list", denied);
-        }
-        Ok((page, seen < total))
-    }
-
     /// The built-ins `who` sees on `scope` (see [`super::builtin`]): all of them on `/mcp` of a
     /// gateway with a task backend, for callers allowed to start coding tasks; none otherwise.
     async fn visible_builtins(&self, who: &Identity, scope: &Scope) -> Result<Vec<Builtin>, ErrorData> {
@@ -191,24 +148,6 @@ impl McpHandler {
             Ok(allowed) => Ok(allowed),
             Err(e) => {
                 tracing::error!(error = %e, "authorization check failed");
-                Err(errors::from_error(&e, self.retry_after()))
-            }
-        }
-    }
-
-    /// The tool `name` if it exists in `scope` and `who` may call it; otherwise the
-    /// unknown-tool error (the same for all three cases).
-    async fn resolve(&self, who: &Identity, scope: &Scope, name: &str) -> Result<Arc<Tool>, ErrorData> {
-        let tool =
-            self.state.catalog.get(name).filter(|t| scope.contains(t)).ok_or_else(|| errors::unknown_tool(name))?;
-        match self.state.authorizer.can_call(who, &tool).await {
-            Ok(true) => Ok(tool),
-            Ok(false) => {
-                self.state.metrics.authz_denied("call", 1);
-                Err(errors::unknown_tool(name))
-            }
-            Err(e) => {
-                tracing::error!(error = %e, tool = %tool.name(), "authorization check failed");
                 Err(errors::from_error(&e, self.retry_after()))
             }
         }
@@ -243,12 +182,17 @@ impl McpHandler {
             .filter(|e| after.as_deref().is_none_or(|a| e.name() > a))
             .collect();
         candidates.sort_by(|a, b| a.name().cmp(b.name()));
-        let (page, more) = self.authorized_page(who, candidates, self.state.settings.page_size.max(1)).await?;
+        let (page, more) = self
+            .state
+            .access()
+            .visible(who, candidates, Entry::tool, self.state.settings.page_size.max(1))
+            .await
+            .map_err(|e| self.platform_error(&e))?;
         let next_cursor = if more { page.last().map(|e| cursor::encode_cursor(e.name())) } else { None };
         let tools: Vec<McpTool> = page
             .iter()
             .map(|e| match e {
-                Entry::Catalog(t) => t.listing.clone(),
+                Entry::Catalog(t) => convert::to_mcp_tool(t),
                 Entry::Builtin(b) => b.definition(),
             })
             .collect();
@@ -321,76 +265,36 @@ impl McpHandler {
         info: &RequestInfo<'_>,
     ) -> Result<CallToolResult, ErrorData> {
         let who = info.identity()?;
-        let tool = self.resolve(who, &info.scope(), &request.name).await?;
-        let metrics = &self.state.metrics;
-        let started = Instant::now();
-
-        let arguments = request.arguments.unwrap_or_default();
-        let arguments_value = Value::Object(arguments);
-        if let Err(problems) = tool.validate(&arguments_value) {
-            metrics.tool_call(tool.name(), CallOutcome::InvalidArguments, started.elapsed());
-            return Ok(convert::invalid_arguments(&problems));
-        }
-        let Value::Object(arguments) = arguments_value else { unreachable!("built from an object above") };
-
-        let owner_key = who.owner_key();
-        let _permit = match self.state.limits.try_admit_call(owner_key.as_str()) {
-            Ok(p) => p,
-            Err(rejection) => {
-                metrics.admission_rejected(rejection);
-                metrics.tool_call(tool.name(), CallOutcome::Busy, started.elapsed());
-                let what = match rejection {
-                    crate::metrics::Rejection::UserCalls => "too many concurrent calls for this user",
-                    _ => "too many concurrent calls",
-                };
-                return Err(errors::busy(what, self.retry_after()));
-            }
-        };
-
-        let id = new_call_id(tool.name());
-        let span = tracing::info_span!("tool_call", tool = %tool.name(), call = %id, user = %who.user);
         // A `notifications/cancelled` for this request, wherever it arrives, finds the call
         // by this key (see `super::cancel`).
+        let owner_key = who.owner_key();
         let cancel_key = cancel::cancel_key(&owner_key, &info.request_id);
         let cancel = info.cancel.child_token();
         let _registration = self.state.cancels.register(cancel_key.clone(), cancel.clone());
-        let call = CallRequest {
-            id: id.clone(),
-            tool: tool.clone(),
-            caller: who.clone(),
-            arguments,
+        let input = CallInput {
+            who: who.clone(),
+            selection: info.scope().selection(),
+            tool: request.name.into_owned(),
+            arguments: request.arguments.unwrap_or_default(),
             traceparent: info.traceparent(),
             parent_task: None,
             cancel,
             cancel_key: Some(cancel_key),
         };
-        metrics.calls_in_flight().inc();
-        let outcome = self.state.executor.call(call).instrument(span.clone()).await;
-        metrics.calls_in_flight().dec();
-        let _enter = span.enter();
-        match outcome {
-            Ok(result) => {
-                let counted = match result.error.as_ref().map(|e| e.kind) {
-                    None => CallOutcome::Success,
-                    Some(CallErrorKind::TimedOut) => CallOutcome::TimedOut,
-                    Some(CallErrorKind::Cancelled) => CallOutcome::Cancelled,
-                    Some(_) => CallOutcome::ToolError,
-                };
-                metrics.tool_call(tool.name(), counted, started.elapsed());
-                tracing::info!(
-                    outcome = counted.as_str(),
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "call finished"
-                );
-                Ok(convert::call_result_to_mcp(result))
-            }
-            Err(e) => {
-                let counted = if matches!(e, crate::Error::Busy(_)) { CallOutcome::Busy } else { CallOutcome::Error };
-                metrics.tool_call(tool.name(), counted, started.elapsed());
-                tracing::error!(error = %e, "call failed in the platform");
-                Err(errors::from_error(&e, self.retry_after()))
-            }
+        match self.state.calls.call(input).await {
+            Ok(called) => Ok(convert::call_result_to_mcp(called.result)),
+            Err(CallError::InvalidArguments(problems)) => Ok(convert::invalid_arguments(&problems)),
+            Err(CallError::UnknownTool(name)) => Err(errors::unknown_tool(&name)),
+            Err(CallError::Busy(what)) => Err(errors::busy(what, self.retry_after())),
+            Err(CallError::Platform(e)) => Err(errors::from_error(&e, self.retry_after())),
         }
+    }
+
+    /// The JSON-RPC error of a failed platform check (logged here; details stay out of the
+    /// answer).
+    fn platform_error(&self, e: &crate::Error) -> ErrorData {
+        tracing::error!(error = %e, "authorization check failed");
+        errors::from_error(e, self.retry_after())
     }
 }
 
@@ -556,63 +460,6 @@ impl ServerHandler for McpHandler {
                     return Ok(());
                 }
             }
-        }
-    }
-}
-
-/// A new call id: the tool name as a DNS label prefix plus 12 random characters, e.g.
-/// `price-option-3f9c0a1b2c4d`.
-pub fn new_call_id(tool_name: &str) -> RunId {
-    let mut prefix: String =
-        tool_name.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
-    prefix.truncate(40);
-    let prefix = prefix.trim_matches('-');
-    let random = random_hex12();
-    let id = if prefix.is_empty() { format!("call-{random}") } else { format!("{prefix}-{random}") };
-    // Collapse runs of '-' that came from several odd characters in a row.
-    let mut clean = String::with_capacity(id.len());
-    for c in id.chars() {
-        if !(c == '-' && clean.ends_with('-')) {
-            clean.push(c);
-        }
-    }
-    RunId::parse(&clean).expect("built from [a-z0-9-] without leading or trailing '-'")
-}
-
-/// 12 random lowercase hex characters (48 bits) from the thread's CSPRNG, which is seeded
-/// from the OS: no system call per id, unlike a fresh OS read for a UUID.
-pub(crate) fn random_hex12() -> String {
-    hex::encode(rand::random::<[u8; 6]>())
-}
-
-/// Checks the W3C `traceparent` shape: `vv-<32 hex>-<16 hex>-ff`.
-fn is_traceparent(value: &str) -> bool {
-    let parts: Vec<&str> = value.split('-').collect();
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    parts.len() == 4 && hex(parts[0], 2) && hex(parts[1], 32) && hex(parts[2], 16) && hex(parts[3], 2)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn call_ids_are_dns_labels_named_after_the_tool() {
-        let id = new_call_id("price_option");
-        assert!(id.as_str().starts_with("price-option-"), "{id}");
-        assert_eq!(id.as_str().len(), "price-option-".len() + 12);
-        assert!(new_call_id("__Weird__Name__").as_str().starts_with("weird-name-"));
-        assert!(new_call_id("_").as_str().starts_with("call-"));
-        let long = new_call_id(&"a".repeat(64));
-        assert!(long.as_str().len() <= RunId::MAX_LEN);
-        assert_ne!(new_call_id("x"), new_call_id("x"));
-    }
-
-    #[test]
-    fn traceparent_shape() {
-        assert!(is_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"));
-        for bad in ["", "00-xyz-00f067aa0ba902b7-01", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "a\nb"] {
-            assert!(!is_traceparent(bad), "{bad:?}");
         }
     }
 }

@@ -33,9 +33,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use convert::{call_result_to_mcp, to_mcp_tool};
 pub use cursor::{decode_cursor, encode_cursor};
-pub(crate) use handler::random_hex12;
-pub use handler::{McpHandler, SUPPORTED_PROTOCOL_VERSIONS, new_call_id};
+pub use handler::{McpHandler, SUPPORTED_PROTOCOL_VERSIONS};
 
+use crate::core::Selection;
 use crate::identity::Identity;
 use crate::state::AppState;
 
@@ -49,6 +49,14 @@ pub enum Scope {
 }
 
 impl Scope {
+    /// The part of the catalog this endpoint serves.
+    pub fn selection(&self) -> Selection {
+        match self {
+            Scope::All => Selection::all(),
+            Scope::Toolset(name) => Selection::toolset(name.clone()),
+        }
+    }
+
     /// True when `tool` belongs to this scope.
     pub fn contains(&self, tool: &crate::catalog::Tool) -> bool {
         match self {

@@ -23,10 +23,11 @@ use toolyard_api::storage::{self, RunId};
 
 use super::builtin::MAX_CHUNK;
 use super::errors;
+use crate::core::Selection;
 use crate::identity::Identity;
 use crate::state::AppState;
 use crate::tasks::view::{self, TaskView, ViewStatus, task_path};
-use crate::tasks::{NewTask, RECHECK, TaskBackend, TaskRecord, new_task_id, tools};
+use crate::tasks::{NewTask, RECHECK, TaskBackend, TaskRecord, new_task_id};
 
 /// Default page size of `list_tasks`.
 const DEFAULT_LIST_LIMIT: usize = 20;
@@ -218,12 +219,10 @@ impl TaskTools<'_> {
         wanted.sort();
         wanted.dedup();
         let mut unknown = Vec::new();
+        let all = Selection::all();
         for name in &wanted {
-            let all = ToolSelection::default();
             let found =
-                tools::resolve(self.state.catalog.as_ref(), self.state.authorizer.as_ref(), self.who, &all, name)
-                    .await
-                    .map_err(|e| internal(self.state, &e))?;
+                self.state.access().resolve(self.who, &all, name).await.map_err(|e| internal(self.state, &e))?;
             if found.is_none() {
                 unknown.push(format!("{:?}", name.chars().take(64).collect::<String>()));
             }
@@ -427,22 +426,23 @@ impl TaskTools<'_> {
             })
             .collect();
         candidates.sort_by(|a, b| a.name().cmp(b.name()));
-        let mut found = Vec::new();
-        for tool in candidates {
-            if found.len() == limit {
-                break;
-            }
-            match self.state.authorizer.can_call(self.who, &tool).await {
-                Ok(true) => found.push(json!({
+        let (found, _) = self
+            .state
+            .access()
+            .visible(self.who, candidates, |t| Some(t.as_ref()), limit)
+            .await
+            .map_err(|e| internal(self.state, &e))?;
+        let found: Vec<Value> = found
+            .iter()
+            .map(|tool| {
+                json!({
                     "name": tool.name(),
                     "title": tool.spec.title,
                     "description": tool.spec.description,
                     "input_schema": tool.spec.input_schema,
-                })),
-                Ok(false) => {}
-                Err(e) => return Err(internal(self.state, &e)),
-            }
-        }
+                })
+            })
+            .collect();
         Ok(json_result(json!({"tools": found})))
     }
 

@@ -30,18 +30,21 @@ use toolyard_api::conditions;
 use toolyard_api::protocol::{CallErrorKind, CallResult, path};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_api::{McpTool, ToolCall};
-use toolyard_gateway::app::app_with;
+use toolyard_gateway::assemble::{Assembled, Backends, assemble};
 use toolyard_gateway::auth::config::AuthContext;
-use toolyard_gateway::auth::{AuthArgs, AuthMetrics, metadata_router};
+use toolyard_gateway::auth::{AuthArgs, AuthMetrics};
 use toolyard_gateway::authz::{AuthzMetrics, SarAuthorizer, SarSettings};
 use toolyard_gateway::catalog::kube::{KubeCatalog, Namespaces};
 use toolyard_gateway::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeResultRecorder};
 use toolyard_gateway::executor::pool::PoolClient;
-use toolyard_gateway::internal::{self, InternalState};
+use toolyard_gateway::internal::InternalLimits;
+use toolyard_gateway::metrics::Metrics;
+use toolyard_gateway::model::{ModelMetrics, ModelProfiles, ModelProxy, ProxySettings};
 use toolyard_gateway::server::{self, Drain, Listener, ServerSettings, ShutdownTokens};
 use toolyard_gateway::state::{AppState, Settings};
 use toolyard_gateway::store::ArtifactStore;
 use toolyard_gateway::store::s3::S3Store;
+use toolyard_gateway::tasks::kube::KubeTasks;
 use toolyard_tests::{TestEnv, User, wait_until};
 
 /// A fixed runner token key for the tests.
@@ -381,19 +384,30 @@ impl Gateway {
             })
             .await
             .expect("auth");
-        let state = AppState::new(
-            Arc::new(catalog.clone()),
-            Arc::new(executor),
+        // Coding tasks (CodingTask objects, run by nobody here) live in the first namespace.
+        let tasks = KubeTasks::start(
+            client.clone(),
+            &namespaces[0],
             store.clone(),
-            Arc::new(authorizer),
-            options.settings,
-        )
-        .with_shutdown(tokens.app.clone());
-        let public =
-            app_with(state.clone(), auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
-        let internal_router = internal::router(
-            InternalState::new(store.clone(), signing_key()).with_recorder(Arc::new(KubeResultRecorder::new(client))),
+            Duration::from_secs(10),
+            background.clone(),
         );
+        let models = ModelProxy::new(Arc::new(ModelProfiles::none()), ProxySettings::default(), ModelMetrics::new())
+            .expect("model proxy");
+        let backends = Backends {
+            catalog: Arc::new(catalog.clone()),
+            executor: Arc::new(executor),
+            store: store.clone(),
+            authorizer: Arc::new(authorizer),
+            tasks: Arc::new(tasks),
+            models: Arc::new(models),
+            recorder: Arc::new(KubeResultRecorder::new(client)),
+            signing_key: signing_key(),
+            auth: auth.state,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let Assembled { state, public, internal: internal_router } =
+            assemble(backends, options.settings, InternalLimits::default(), metrics, &tokens);
         let public_socket = server::bind("public", "127.0.0.1:0").expect("bind");
         let internal_socket = server::bind("internal", "127.0.0.1:0").expect("bind");
         let base = format!("http://{}", public_socket.local_addr().expect("addr"));

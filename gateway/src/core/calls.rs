@@ -1,0 +1,193 @@
+//! The call service: every tool call, from an MCP client or from a coding task's agent, runs
+//! through [`Calls::call`]: resolve (through the [`Access`] filter), validate the arguments,
+//! admit (the owner's and the replica's limits), execute, count and log, in one span that
+//! carries the call's trace context.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+use toolyard_api::protocol::{CallErrorKind, CallResult};
+use toolyard_api::storage::RunId;
+use tracing::Instrument;
+
+use super::access::{Access, Selection};
+use super::ids::new_call_id;
+use crate::catalog::Tool;
+use crate::executor::{CallRequest, Executor};
+use crate::identity::Identity;
+use crate::limits::Limits;
+use crate::metrics::{CallOutcome, Metrics, Rejection};
+
+/// One tool call as a front door hands it over.
+#[derive(Debug)]
+pub struct CallInput {
+    /// The caller; the call runs as this identity (a task's owner for an agent's call).
+    pub who: Identity,
+    /// The part of the catalog the request may reach.
+    pub selection: Selection,
+    /// The tool's MCP name.
+    pub tool: String,
+    /// The arguments, not validated yet.
+    pub arguments: Map<String, Value>,
+    /// W3C `traceparent` of the request, if well-formed.
+    pub traceparent: Option<String>,
+    /// The coding task making the call, if any.
+    pub parent_task: Option<RunId>,
+    /// Fires when the caller cancels or goes away.
+    pub cancel: CancellationToken,
+    /// Recorded with the run so a cancellation arriving at any replica finds it
+    /// ([`CallRequest::cancel_key`]).
+    pub cancel_key: Option<String>,
+}
+
+/// A call that ran: its id and the runner protocol's result (which may be a tool error).
+#[derive(Debug)]
+pub struct Called {
+    /// The call id.
+    pub id: RunId,
+    /// What the tool returned.
+    pub result: CallResult,
+}
+
+/// Why a call did not run, or failed in the platform.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// Unknown, outside the selection, or not allowed: the same answer for all three.
+    #[error("{}", unknown_tool_message(.0))]
+    UnknownTool(String),
+    /// The arguments do not match the tool's input schema (each problem with its JSON pointer).
+    #[error("invalid arguments: {0}")]
+    InvalidArguments(String),
+    /// An admission limit refused the call; retry later.
+    #[error("{0}")]
+    Busy(&'static str),
+    /// The platform failed (authorization backend, storage, apiserver, pool).
+    #[error(transparent)]
+    Platform(#[from] crate::Error),
+}
+
+/// Longest tool name echoed back in an error.
+const MAX_ECHOED_NAME: usize = 64;
+
+/// `Unknown tool: "<name>"` (the name quoted and cut short), for unknown, unauthorized and
+/// out-of-scope tools alike.
+pub fn unknown_tool_message(name: &str) -> String {
+    let shown: String = name.chars().take(MAX_ECHOED_NAME).collect();
+    format!("Unknown tool: {shown:?}")
+}
+
+/// The call service.
+#[derive(Clone)]
+pub struct Calls {
+    access: Access,
+    executor: Arc<dyn Executor>,
+    limits: Arc<Limits>,
+    metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Calls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calls").finish_non_exhaustive()
+    }
+}
+
+impl Calls {
+    /// The service over these parts.
+    pub fn new(access: Access, executor: Arc<dyn Executor>, limits: Arc<Limits>, metrics: Arc<Metrics>) -> Self {
+        Self { access, executor, limits, metrics }
+    }
+
+    /// The access filter calls are resolved through.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
+    /// The executor.
+    pub fn executor(&self) -> &Arc<dyn Executor> {
+        &self.executor
+    }
+
+    /// Runs one call: resolve, validate, admit, execute, count.
+    pub async fn call(&self, input: CallInput) -> Result<Called, CallError> {
+        let started = Instant::now();
+        let tool = match self.access.resolve(&input.who, &input.selection, &input.tool).await {
+            Ok(Some(tool)) => tool,
+            Ok(None) => return Err(CallError::UnknownTool(input.tool)),
+            Err(e) => {
+                tracing::error!(error = %e, tool = %input.tool, "authorization check failed");
+                return Err(e.into());
+            }
+        };
+        let arguments = Value::Object(input.arguments);
+        if let Err(problems) = tool.validate(&arguments) {
+            self.metrics.tool_call(tool.name(), CallOutcome::InvalidArguments, started.elapsed());
+            return Err(CallError::InvalidArguments(problems));
+        }
+        let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
+
+        let _permit = match self.limits.try_admit_call(input.who.owner_key().as_str()) {
+            Ok(permit) => permit,
+            Err(rejection) => {
+                self.metrics.admission_rejected(rejection);
+                self.metrics.tool_call(tool.name(), CallOutcome::Busy, started.elapsed());
+                return Err(CallError::Busy(match rejection {
+                    Rejection::UserCalls => "too many concurrent calls for this user",
+                    _ => "too many concurrent calls",
+                }));
+            }
+        };
+
+        let id = new_call_id(tool.name());
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %tool.name(),
+            call = %id,
+            user = %input.who.user,
+            task = input.parent_task.as_ref().map(tracing::field::display),
+        );
+        let request = CallRequest {
+            id: id.clone(),
+            tool: tool.clone(),
+            caller: input.who,
+            arguments,
+            traceparent: input.traceparent,
+            parent_task: input.parent_task,
+            cancel: input.cancel,
+            cancel_key: input.cancel_key,
+        };
+        self.metrics.calls_in_flight().inc();
+        let outcome = self.executor.call(request).instrument(span.clone()).await;
+        self.metrics.calls_in_flight().dec();
+        let _enter = span.enter();
+        self.count(&tool, &outcome, started);
+        match outcome {
+            Ok(result) => Ok(Called { id, result }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Counts and logs a finished call.
+    fn count(&self, tool: &Tool, outcome: &crate::Result<CallResult>, started: Instant) {
+        let counted = match outcome {
+            Ok(result) => match result.error.as_ref().map(|e| e.kind) {
+                None => CallOutcome::Success,
+                Some(CallErrorKind::TimedOut) => CallOutcome::TimedOut,
+                Some(CallErrorKind::Cancelled) => CallOutcome::Cancelled,
+                Some(_) => CallOutcome::ToolError,
+            },
+            Err(crate::Error::Busy(_)) => CallOutcome::Busy,
+            Err(_) => CallOutcome::Error,
+        };
+        self.metrics.tool_call(tool.name(), counted, started.elapsed());
+        match outcome {
+            Ok(_) => tracing::info!(
+                outcome = counted.as_str(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "call finished"
+            ),
+            Err(e) => tracing::error!(error = %e, "call failed in the platform"),
+        }
+    }
+}
