@@ -54,10 +54,15 @@ impl PerKey {
         Arc::new(Self { max: max.max(1), counts: Mutex::new(HashMap::new()) })
     }
 
-    fn try_acquire(self: &Arc<Self>, key: &str) -> Option<KeyPermit> {
+    /// One slot of `key`, unless its slots in use here plus `elsewhere` (held outside this
+    /// process) reach the cap.
+    fn try_acquire(self: &Arc<Self>, key: &str, elsewhere: usize) -> Option<KeyPermit> {
         let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         let n = counts.entry(key.to_owned()).or_insert(0);
-        if *n >= self.max {
+        if *n + elsewhere >= self.max {
+            if *n == 0 {
+                counts.remove(key);
+            }
             return None;
         }
         *n += 1;
@@ -129,10 +134,11 @@ impl Limits {
         &self.settings
     }
 
-    /// Admits one tool call of the user with storage key `user`, or says which limit refused it.
-    /// The per-user limit is checked first so one busy user does not show as global load.
-    pub fn try_admit_call(&self, user: &str) -> Result<CallPermit, Rejection> {
-        let user_permit = self.calls_per_user.try_acquire(user).ok_or(Rejection::UserCalls)?;
+    /// Admits one tool call of the user with storage key `user`, who runs `elsewhere` calls
+    /// on other replicas, or says which limit refused it. The per-user limit is checked first
+    /// so one busy user does not show as global load.
+    pub fn try_admit_call(&self, user: &str, elsewhere: usize) -> Result<CallPermit, Rejection> {
+        let user_permit = self.calls_per_user.try_acquire(user, elsewhere).ok_or(Rejection::UserCalls)?;
         let global = self.calls.clone().try_acquire_owned().map_err(|_| Rejection::GlobalCalls)?;
         Ok(CallPermit { _global: global, _user: user_permit })
     }
@@ -145,7 +151,7 @@ impl Limits {
 
     /// Admits one HTTP request of an authenticated user (per-user limit).
     pub fn try_admit_http_user(&self, user: &str) -> Result<HttpPermit, Rejection> {
-        let user = self.http_per_user.try_acquire(user).ok_or(Rejection::HttpUser)?;
+        let user = self.http_per_user.try_acquire(user, 0).ok_or(Rejection::HttpUser)?;
         Ok(HttpPermit { _global: None, _user: Some(user) })
     }
 
@@ -171,21 +177,30 @@ mod tests {
     #[test]
     fn per_user_limit_refuses_the_extra_call_and_frees_on_drop() {
         let l = limits(10, 2);
-        let a = l.try_admit_call("alice").unwrap();
-        let _b = l.try_admit_call("alice").unwrap();
-        assert_eq!(l.try_admit_call("alice").unwrap_err(), Rejection::UserCalls);
-        assert!(l.try_admit_call("bob").is_ok(), "another user is not affected");
+        let a = l.try_admit_call("alice", 0).unwrap();
+        let _b = l.try_admit_call("alice", 0).unwrap();
+        assert_eq!(l.try_admit_call("alice", 0).unwrap_err(), Rejection::UserCalls);
+        assert!(l.try_admit_call("bob", 0).is_ok(), "another user is not affected");
         drop(a);
-        assert!(l.try_admit_call("alice").is_ok());
+        assert!(l.try_admit_call("alice", 0).is_ok());
         assert_eq!(l.calls_of("alice"), 1, "the permit from the line above was dropped at once");
+    }
+
+    #[test]
+    fn calls_elsewhere_count_against_the_per_user_limit() {
+        let l = limits(10, 2);
+        let _a = l.try_admit_call("alice", 1).unwrap();
+        assert_eq!(l.try_admit_call("alice", 1).unwrap_err(), Rejection::UserCalls);
+        assert_eq!(l.try_admit_call("bob", 2).unwrap_err(), Rejection::UserCalls);
+        assert_eq!(l.calls_of("bob"), 0, "a refusal keeps no slot");
     }
 
     #[test]
     fn global_limit_refuses_when_full_and_does_not_leak_user_slots() {
         let l = limits(2, 5);
-        let _a = l.try_admit_call("alice").unwrap();
-        let _b = l.try_admit_call("bob").unwrap();
-        assert_eq!(l.try_admit_call("carol").unwrap_err(), Rejection::GlobalCalls);
+        let _a = l.try_admit_call("alice", 0).unwrap();
+        let _b = l.try_admit_call("bob", 0).unwrap();
+        assert_eq!(l.try_admit_call("carol", 0).unwrap_err(), Rejection::GlobalCalls);
         assert_eq!(l.calls_of("carol"), 0, "a refused call keeps no per-user slot");
         assert_eq!(l.calls_running(), 2);
     }

@@ -90,7 +90,10 @@ in_node() { nsenter --target "$(cat "$RUN/pids/node-ns")" --mount --net -- "$@";
 # host_rules: the host's own iptables rules and ipsets (without counters). Everything the
 # cluster adds lives in the node's network namespace; `stop` checks that these are as before.
 host_rules() {
-  { iptables-save; ip6tables-save; ipset list -n; } 2>/dev/null | sed -e 's/\[[0-9]*:[0-9]*\]//' | grep -v '^#' | sort
+  # On a machine whose kernel has no table loaded yet every line is a comment or there is
+  # none: grep then finds nothing, which is no failure here.
+  { iptables-save; ip6tables-save; ipset list -n; } 2>/dev/null | sed -e 's/\[[0-9]*:[0-9]*\]//' |
+    { grep -v '^#' || true; } | sort
 }
 
 # --- prerequisites ----------------------------------------------------------------------

@@ -16,13 +16,13 @@ use rmcp::ClientLifecycleMode;
 use rmcp::model::{CallToolRequestParams, ProtocolVersion, SubscriptionFilter};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use toolyard_api::ToolCall;
 use toolyard_api::agent::ToolOutcome;
 use toolyard_api::codingtask::{Budgets, ToolSelection};
 use toolyard_api::conditions::reason;
 use toolyard_api::protocol::CallResult;
 use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind};
+use toolyard_api::{OwnerKey, ToolCall};
 use toolyard_gateway::Identity;
 use toolyard_gateway::tasks::{NewTask, new_task_id};
 use toolyard_tests::{TestEnv, User, wait_until};
@@ -376,6 +376,52 @@ async fn a_user_over_the_call_limit_gets_server_busy() {
     assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"user_calls\"} 1"), "{metrics}");
     assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"busy\"} 1"), "{metrics}");
     assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"success\"} 2"), "{metrics}");
+}
+
+/// The per-user call limit holds across gateway replicas: each counts the user's unfinished
+/// ToolCalls that the others started, from the shared ToolCall watch.
+#[tokio::test]
+async fn the_per_user_call_limit_holds_across_two_replicas() {
+    let ns = setup("gwreplicas", &[("held", "held", 300)]).await;
+    let mut options = Options::default();
+    options.settings.limits.max_calls_per_user = 1;
+    let a = Gateway::start(std::slice::from_ref(&ns), options.clone()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let mut platform = FakePlatform::start(&ns, &a.internal).await;
+    let release = Arc::new(Notify::new());
+    platform.set("held", Behaviour::HoldThenEcho(release.clone()));
+    let on_a = Arc::new(a.client(User::Alice).await);
+    let first = {
+        let client = on_a.clone();
+        tokio::spawn(async move { client.call_tool(call("held", json!({"x": 1}))).await })
+    };
+    let owner = platform.next().await.call.spec.owner;
+    let alice = OwnerKey::derive(&owner.issuer, &owner.user);
+    let seen_by_b = |n: usize| {
+        let executor = b.state.executor.clone();
+        let alice = alice.clone();
+        move || {
+            let executor = executor.clone();
+            let alice = alice.clone();
+            async move { Ok(executor.running_elsewhere(&alice) == n) }
+        }
+    };
+    wait_until(Duration::from_secs(30), "replica b sees alice's call on a", seen_by_b(1)).await.expect("watch");
+    let on_b = b.client(User::Alice).await;
+    match on_b.call_tool(call("held", json!({"x": 2}))).await.expect_err("busy on the other replica") {
+        rmcp::ServiceError::McpError(e) => {
+            assert_eq!(e.code, toolyard_gateway::mcp::errors::SERVER_BUSY);
+            assert!(e.message.contains("too many concurrent calls for this user"), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    release.notify_one();
+    assert_eq!(first.await.expect("join").expect("first call").is_error, Some(false));
+    wait_until(Duration::from_secs(30), "replica b sees the call finish", seen_by_b(0)).await.expect("watch");
+    let second = tokio::spawn(async move { on_b.call_tool(call("held", json!({"x": 3}))).await });
+    platform.next().await;
+    release.notify_one();
+    assert_eq!(second.await.expect("join").expect("the call on b").is_error, Some(false));
 }
 
 /// An agent's tool calls go through the same call service as the owner's MCP calls: they

@@ -127,7 +127,9 @@ impl Calls {
         }
         let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
 
-        let _permit = match self.limits.try_admit_call(input.who.owner_key().as_str()) {
+        let owner = input.who.owner_key();
+        let elsewhere = self.executor.running_elsewhere(&owner);
+        let _permit = match self.limits.try_admit_call(owner.as_str(), elsewhere) {
             Ok(permit) => permit,
             Err(rejection) => {
                 self.metrics.admission_rejected(rejection);

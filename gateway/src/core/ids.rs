@@ -29,7 +29,7 @@ pub fn new_task_id() -> RunId {
 
 /// 12 random lowercase hex characters (48 bits) from the thread's CSPRNG, which is seeded
 /// from the OS: no system call per id, unlike a fresh OS read for a UUID.
-fn random_hex12() -> String {
+pub(crate) fn random_hex12() -> String {
     hex::encode(rand::random::<[u8; 6]>())
 }
 

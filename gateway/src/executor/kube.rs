@@ -37,6 +37,7 @@ use toolyard_api::toolcall::{InputRef, ResultSummary};
 use toolyard_api::{GATEWAY_MANAGER, OwnerKey, ToolCall, ToolCallSpec};
 
 use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
+use super::running::{REPLICA_LABEL, RunningElsewhere};
 use super::{CallRequest, Executor, ResultRecorder};
 use crate::catalog::kube::Namespaces;
 use crate::store::ArtifactStore;
@@ -158,6 +159,7 @@ pub struct KubeExecutor {
     client: Client,
     store: Arc<dyn ArtifactStore>,
     waiters: Arc<Waiters>,
+    running: Arc<RunningElsewhere>,
     pool: PoolClient,
     records: CallRecords,
     signing_key: Option<SigningKey>,
@@ -184,8 +186,10 @@ impl KubeExecutor {
         shutdown: CancellationToken,
     ) -> Self {
         let waiters = Arc::new(Waiters::default());
-        for api in namespaces.apis::<ToolCall>(&client) {
+        let running = Arc::new(RunningElsewhere::new(format!("gw-{}", crate::core::ids::random_hex12())));
+        for (stream, api) in namespaces.apis::<ToolCall>(&client).into_iter().enumerate() {
             let waiters = waiters.clone();
+            let running = running.clone();
             let shutdown = shutdown.clone();
             tokio::spawn(async move {
                 let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
@@ -194,6 +198,9 @@ impl KubeExecutor {
                         () = shutdown.cancelled() => return,
                         event = events.next() => event,
                     };
+                    if let Some(Ok(event)) = &event {
+                        running.observe(stream, event);
+                    }
                     match event {
                         Some(Ok(Event::Apply(tc) | Event::InitApply(tc))) => {
                             let ns = tc.namespace().unwrap_or_default();
@@ -211,7 +218,7 @@ impl KubeExecutor {
             });
         }
         let records = CallRecords::new(Arc::clone(&store));
-        Self { client, store, waiters, pool, records, signing_key, settings, namespaces: namespaces.clone() }
+        Self { client, store, waiters, running, pool, records, signing_key, settings, namespaces: namespaces.clone() }
     }
 
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
@@ -229,7 +236,7 @@ impl KubeExecutor {
         self.store.put(&owner, &call_file(id.as_str(), CallFile::Input), Bytes::from(input)).await?;
 
         let (mut seen, _waiter) = self.waiters.register(&namespace, id.as_str());
-        let object = tool_call_object(&request, &owner, size_bytes, timeout_seconds);
+        let object = tool_call_object(&request, &owner, self.running.replica(), size_bytes, timeout_seconds);
         let params = PostParams { field_manager: Some(GATEWAY_MANAGER.to_owned()), ..PostParams::default() };
         self.with_timeout(api.create(&params, &object)).await?;
         let mut cancel_guard = CancelOnDrop { api: Some(api.clone()), name: id.to_string() };
@@ -352,6 +359,10 @@ impl Executor for KubeExecutor {
         }
     }
 
+    fn running_elsewhere(&self, owner: &OwnerKey) -> usize {
+        self.running.of(owner)
+    }
+
     async fn flush(&self) {
         self.records.flush().await;
     }
@@ -380,7 +391,13 @@ impl Executor for KubeExecutor {
 }
 
 /// The ToolCall for `request`.
-fn tool_call_object(request: &CallRequest, owner: &OwnerKey, size_bytes: i64, timeout_seconds: i32) -> ToolCall {
+fn tool_call_object(
+    request: &CallRequest,
+    owner: &OwnerKey,
+    replica: &str,
+    size_bytes: i64,
+    timeout_seconds: i32,
+) -> ToolCall {
     let mut annotations = std::collections::BTreeMap::new();
     if let Some(tp) = &request.traceparent {
         annotations.insert(TRACEPARENT_ANNOTATION.to_owned(), tp.clone());
@@ -388,6 +405,7 @@ fn tool_call_object(request: &CallRequest, owner: &OwnerKey, size_bytes: i64, ti
     let mut labels = std::collections::BTreeMap::from([
         (MANAGED_BY_LABEL.to_owned(), GATEWAY_MANAGER.to_owned()),
         (OWNER_LABEL.to_owned(), owner.to_string()),
+        (REPLICA_LABEL.to_owned(), replica.to_owned()),
     ]);
     if let Some(key) = &request.cancel_key {
         labels.insert(CANCEL_KEY_LABEL.to_owned(), key.clone());

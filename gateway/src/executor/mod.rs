@@ -15,6 +15,7 @@ use crate::identity::Identity;
 pub mod kube;
 pub mod local;
 pub mod pool;
+pub mod running;
 
 /// Everything an executor needs for one call. Arguments are already validated.
 #[derive(Debug)]
@@ -55,6 +56,14 @@ pub trait Executor: Send + Sync + 'static {
     async fn cancel_by_key(&self, owner: &OwnerKey, cancel_key: &str) -> crate::Result<usize> {
         let _ = (owner, cancel_key);
         Ok(0)
+    }
+
+    /// Calls of `owner` that other gateway replicas run now, as the cluster's state shows
+    /// them; a per-user limit counts them with this replica's own. Executors whose runs live
+    /// in one process have none.
+    fn running_elsewhere(&self, owner: &OwnerKey) -> usize {
+        let _ = owner;
+        0
     }
 
     /// Waits until work the executor finishes after answering (pool calls' files) is done.
