@@ -90,10 +90,11 @@ in_node() { nsenter --target "$(cat "$RUN/pids/node-ns")" --mount --net -- "$@";
 # host_rules: the host's own iptables rules and ipsets (without counters). Everything the
 # cluster adds lives in the node's network namespace; `stop` checks that these are as before.
 host_rules() {
-  # On a machine whose kernel has no table loaded yet every line is a comment or there is
-  # none: grep then finds nothing, which is no failure here.
+  # Rules, user chains, non-default policies and sets only: a table the kernel loads empty
+  # while the cluster runs (its header, COMMIT, built-in chains with policy ACCEPT) is no
+  # change. On a machine with no table loaded yet, grep finds no line, which is no failure.
   { iptables-save; ip6tables-save; ipset list -n; } 2>/dev/null | sed -e 's/\[[0-9]*:[0-9]*\]//' |
-    { grep -v '^#' || true; } | sort
+    { grep -Ev '^(#|\*|COMMIT$|:[A-Z]+ ACCEPT *$)' || true; } | sort
 }
 
 # --- prerequisites ----------------------------------------------------------------------
