@@ -17,8 +17,10 @@ use crate::metrics::Rejection;
 pub struct LimitSettings {
     /// Tool calls running at once on this replica.
     pub max_calls: usize,
-    /// Tool calls one user runs at once on this replica.
+    /// Tool calls one user runs at once, on all replicas together.
     pub max_calls_per_user: usize,
+    /// Coding tasks of one user not finished yet, on all replicas together.
+    pub max_tasks_per_user: usize,
     /// HTTP requests handled at once on this replica (answered 503 beyond).
     pub max_http_in_flight: usize,
     /// HTTP requests of one user handled at once (answered 429 beyond).
@@ -34,6 +36,7 @@ impl Default for LimitSettings {
         Self {
             max_calls: 256,
             max_calls_per_user: 16,
+            max_tasks_per_user: 4,
             max_http_in_flight: 1024,
             max_http_in_flight_per_user: 64,
             max_body_bytes: 4 * 1024 * 1024,
@@ -115,6 +118,8 @@ pub struct Limits {
     calls_per_user: Arc<PerKey>,
     http: Arc<Semaphore>,
     http_per_user: Arc<PerKey>,
+    /// Held while a task is counted and created, so this replica's own starts cannot race.
+    task_starts: tokio::sync::Mutex<()>,
 }
 
 impl Limits {
@@ -125,6 +130,7 @@ impl Limits {
             calls_per_user: PerKey::new(settings.max_calls_per_user),
             http: Arc::new(Semaphore::new(settings.max_http_in_flight.max(1))),
             http_per_user: PerKey::new(settings.max_http_in_flight_per_user),
+            task_starts: tokio::sync::Mutex::new(()),
             settings,
         }
     }
@@ -153,6 +159,12 @@ impl Limits {
     pub fn try_admit_http_user(&self, user: &str) -> Result<HttpPermit, Rejection> {
         let user = self.http_per_user.try_acquire(user, 0).ok_or(Rejection::HttpUser)?;
         Ok(HttpPermit { _global: None, _user: Some(user) })
+    }
+
+    /// Admission of a coding task: held while the owner's running tasks are counted and the
+    /// new one is created, so that this replica's concurrent starts see each other.
+    pub async fn task_start(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.task_starts.lock().await
     }
 
     /// Tool calls of `user` running now (for tests and diagnostics).

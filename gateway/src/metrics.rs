@@ -99,6 +99,8 @@ pub enum Rejection {
     GlobalCalls,
     /// Concurrent tool calls of one user.
     UserCalls,
+    /// Running coding tasks of one user.
+    UserTasks,
     /// Global concurrent HTTP requests.
     HttpGlobal,
     /// Concurrent HTTP requests of one user.
@@ -115,6 +117,7 @@ impl Rejection {
         match self {
             Rejection::GlobalCalls => "global_calls",
             Rejection::UserCalls => "user_calls",
+            Rejection::UserTasks => "user_tasks",
             Rejection::HttpGlobal => "http_global",
             Rejection::HttpUser => "http_user",
             Rejection::BodyTooLarge => "body_too_large",

@@ -164,9 +164,14 @@ pub struct LimitArgs {
     /// Tool calls running at once on this replica.
     #[arg(long, env = "TOOLYARD_MAX_CALLS", default_value_t = 256)]
     pub max_calls: usize,
-    /// Tool calls one user runs at once on this replica.
+    /// Tool calls one user runs at once, on all replicas together (counted from the
+    /// cluster's ToolCalls).
     #[arg(long, env = "TOOLYARD_MAX_CALLS_PER_USER", default_value_t = 16)]
     pub max_calls_per_user: usize,
+    /// Coding tasks of one user not finished yet, on all replicas together (counted from the
+    /// cluster's CodingTasks).
+    #[arg(long, env = "TOOLYARD_MAX_TASKS_PER_USER", default_value_t = 4)]
+    pub max_tasks_per_user: usize,
     /// HTTP requests handled at once (503 beyond).
     #[arg(long, env = "TOOLYARD_MAX_HTTP_IN_FLIGHT", default_value_t = 1024)]
     pub max_http_in_flight: usize,
@@ -197,6 +202,7 @@ impl LimitArgs {
         LimitSettings {
             max_calls: self.max_calls,
             max_calls_per_user: self.max_calls_per_user,
+            max_tasks_per_user: self.max_tasks_per_user,
             max_http_in_flight: self.max_http_in_flight,
             max_http_in_flight_per_user: self.max_http_in_flight_per_user,
             max_body_bytes: self.max_body_bytes,

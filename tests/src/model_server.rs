@@ -101,6 +101,11 @@ impl Turn {
 #[derive(Default)]
 struct Inner {
     script: VecDeque<Turn>,
+    /// The last conversation answered with content, and its turn: the same conversation sent
+    /// again at once (the agent retrying after its request was lost, e.g. in a gateway
+    /// restart) gets the same answer, as a deterministic model would give, and takes no new
+    /// turn. Scripted errors are never repeated this way.
+    last_answered: Option<(Value, Turn)>,
     requests: Vec<Value>,
     arrivals: Vec<std::time::Instant>,
     failures: Vec<String>,
@@ -176,7 +181,9 @@ impl ScriptedModel {
 
     /// Replaces the script (turns not consumed by an earlier task are dropped).
     pub fn set_script(&self, turns: Vec<Turn>) {
-        self.inner.lock().expect("lock").script = turns.into();
+        let mut inner = self.inner.lock().expect("lock");
+        inner.script = turns.into();
+        inner.last_answered = None;
     }
 
     /// Appends turns to the script (for a server shared by several tasks run one after another).
@@ -219,7 +226,18 @@ async fn chat(State(state): State<AppState>, headers: HeaderMap, body: axum::bod
         let mut inner = state.inner.lock().expect("lock");
         inner.requests.push(body.clone());
         inner.arrivals.push(std::time::Instant::now());
-        let turn = inner.script.pop_front();
+        let repeated = inner.last_answered.as_ref().filter(|(m, _)| *m == body["messages"]).map(|(_, t)| t.clone());
+        let turn = match repeated {
+            Some(turn) => Some(turn),
+            None => {
+                let turn = inner.script.pop_front();
+                inner.last_answered = turn
+                    .as_ref()
+                    .filter(|t| matches!(t.reply, Reply::Content(_)))
+                    .map(|t| (body["messages"].clone(), t.clone()));
+                turn
+            }
+        };
         match &turn {
             None => {
                 let n = inner.requests.len();
@@ -242,6 +260,11 @@ async fn chat(State(state): State<AppState>, headers: HeaderMap, body: axum::bod
     let Some(turn) = turn else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "script exhausted").into_response();
     };
+    answer(&body, turn).await
+}
+
+/// The scripted reply of `turn` to `body`, once its gate (if any) is open.
+async fn answer(body: &Value, turn: Turn) -> Response {
     if let Some(gate) = &turn.hold {
         gate.passed().await;
     }

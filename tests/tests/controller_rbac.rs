@@ -156,10 +156,6 @@ async fn controller_runs_with_exactly_the_chart_rbac() {
         "1",
         "--toolcall-retention-seconds",
         "3",
-        "--model-base-url",
-        "http://llm/v1",
-        "--model",
-        "m",
     ];
     let controller = Replica::start_with(config(&ns, &key, &flags), kube_config).await;
     let leases: Api<Lease> = Api::namespaced(admin.clone(), &system_ns);

@@ -78,7 +78,7 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     assert_eq!(job.spec.as_ref().and_then(|s| s.backoff_limit), Some(0));
     // Its pod ran in a namespace enforcing the restricted Pod Security Standard, and the
     // chart's NetworkPolicies apply to it as a run pod (DNS and the gateway's internal port
-    // only), not as an agent pod (no model egress).
+    // only; agents reach their model through the gateway too).
     let pods = Api::<Pod>::namespaced(env.client(User::Admin).await, &platform.ns)
         .list(&ListParams::default().labels(&format!("job-name={job_name}")))
         .await
@@ -86,7 +86,6 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
         .items;
     let labels = pods.first().and_then(|p| p.metadata.labels.clone()).expect("the call's pod");
     assert!(platform.policy_selects("runs", &labels), "{labels:?}");
-    assert!(!platform.policy_selects("agent-model", &labels), "{labels:?}");
 
     // The statically linked runner runs in each kind of tool image: Debian with Python,
     // distroless (glibc as a library, no shell) and busybox (no libc at all); the tool runs

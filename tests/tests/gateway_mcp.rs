@@ -424,6 +424,64 @@ async fn the_per_user_call_limit_holds_across_two_replicas() {
     assert_eq!(second.await.expect("join").expect("the call on b").is_error, Some(false));
 }
 
+/// The per-user limit on running coding tasks holds across gateway replicas: each counts the
+/// user's unfinished CodingTasks, whichever replica created them.
+#[tokio::test]
+async fn the_per_user_task_limit_holds_across_two_replicas() {
+    let ns = setup("gwtasklimit", &[]).await;
+    gateway_support::apply_role(
+        &ns,
+        "alice-tasks",
+        vec![
+            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
+            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
+        ],
+        vec![gateway_support::user_subject("alice")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "modelprofiles", "use", Some("default")).await;
+    let mut options = Options::default();
+    options.settings.limits.max_tasks_per_user = 1;
+    let a = Gateway::start(std::slice::from_ref(&ns), options.clone()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let task = |prompt: &str| call("run_coding_task", json!({"task": prompt}));
+
+    // Nothing runs the task here, so the call waits; its CodingTask counts from creation on.
+    let on_a = a.client(User::Alice).await;
+    let first = tokio::spawn(async move { on_a.call_tool(task("first")).await });
+    let tasks: Api<toolyard_api::CodingTask> = Api::namespaced(TestEnv::get().client(User::Admin).await, &ns);
+    wait_until(Duration::from_secs(30), "the first CodingTask", || {
+        let tasks = tasks.clone();
+        async move { Ok(!tasks.list(&Default::default()).await?.items.is_empty()) }
+    })
+    .await
+    .expect("created");
+    let created = tasks.list(&Default::default()).await.expect("list").items;
+    let owner = &created[0].spec.owner;
+    let alice = OwnerKey::derive(&owner.issuer, &owner.user);
+    let backend_b = b.state.tasks.clone().expect("task backend");
+    wait_until(Duration::from_secs(30), "replica b sees the task", || {
+        let backend_b = backend_b.clone();
+        let alice = alice.clone();
+        async move { Ok(backend_b.running_of(&alice).await? == 1) }
+    })
+    .await
+    .expect("watch");
+
+    let on_b = b.client(User::Alice).await;
+    match on_b.call_tool(task("second")).await.expect_err("busy on the other replica") {
+        rmcp::ServiceError::McpError(e) => {
+            assert_eq!(e.code, toolyard_gateway::mcp::errors::SERVER_BUSY);
+            assert!(e.message.contains("too many running coding tasks for this user"), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    assert_eq!(tasks.list(&Default::default()).await.expect("list").items.len(), 1, "no second CodingTask");
+    let metrics = reqwest::get(format!("{}/metrics", b.base)).await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"user_tasks\"} 1"), "{metrics}");
+    first.abort();
+}
+
 /// An agent's tool calls go through the same call service as the owner's MCP calls: they
 /// count against the owner's limit and in the call metrics.
 #[tokio::test]

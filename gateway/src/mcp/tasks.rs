@@ -25,6 +25,7 @@ use super::builtin::MAX_CHUNK;
 use super::errors;
 use crate::core::Selection;
 use crate::identity::Identity;
+use crate::metrics::Rejection;
 use crate::state::AppState;
 use crate::tasks::view::{self, TaskView, ViewStatus, task_path};
 use crate::tasks::{NewTask, RECHECK, TaskBackend, TaskRecord, new_task_id};
@@ -184,6 +185,15 @@ impl TaskTools<'_> {
             Ok(b) => b,
             Err(message) => return Ok(error_result(message).into()),
         };
+        // Counted and created under this replica's start lock; other replicas' tasks are
+        // counted from the cluster's state.
+        let _start = self.state.limits.task_start().await;
+        let running = backend.running_of(&self.owner()).await.map_err(|e| internal(self.state, &e))?;
+        if running >= self.state.limits.settings().max_tasks_per_user.max(1) {
+            self.state.metrics.admission_rejected(Rejection::UserTasks);
+            let retry_after = self.state.limits.settings().retry_after.as_secs().max(1);
+            return Err(errors::busy("too many running coding tasks for this user", retry_after));
+        }
         let task = NewTask {
             id: new_task_id(),
             owner: self.who.clone(),

@@ -10,8 +10,8 @@
 //! (taskType, summary, metrics, artifacts, counters) with field manager `toolyard-gateway`;
 //! the controller owns the conditions.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -50,7 +50,13 @@ pub struct KubeTasks {
     version: watch::Receiver<u64>,
     api_timeout: Duration,
     store: std::sync::Arc<dyn ArtifactStore>,
+    /// Tasks this replica created that the watch has not shown yet, with their owners.
+    created: std::sync::Arc<std::sync::Mutex<HashMap<RunId, (OwnerKey, Instant)>>>,
 }
+
+/// How long a created task counts without the watch showing it (then it is gone or the
+/// watch is down, and the watch decides again once it is back).
+const CREATED_UNSEEN_TTL: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for KubeTasks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -90,7 +96,16 @@ impl KubeTasks {
                 }
             }
         });
-        Self { api, client, namespace: namespace.to_owned(), cache, version, api_timeout, store }
+        Self {
+            api,
+            client,
+            namespace: namespace.to_owned(),
+            cache,
+            version,
+            api_timeout,
+            store,
+            created: std::sync::Arc::default(),
+        }
     }
 
     async fn timed<T>(&self, fut: impl Future<Output = kube::Result<T>>) -> Result<T> {
@@ -220,6 +235,10 @@ impl TaskBackend for KubeTasks {
         let params = PostParams { field_manager: Some(GATEWAY_MANAGER.to_owned()), ..PostParams::default() };
         let created = self.timed(self.api.create(&params, &object)).await?;
         tracing::info!(task = %task.id, namespace = %self.namespace, "CodingTask created");
+        self.created
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(task.id.clone(), (task.owner.owner_key(), Instant::now()));
         let record = record_of(&created).ok_or_else(|| Error::Internal("the created CodingTask has no name".into()))?;
         if let Err(e) = super::view::write_created_event(self.store.as_ref(), &record).await {
             tracing::warn!(task = %task.id, error = %e, "could not save the task_created event");
@@ -243,6 +262,18 @@ impl TaskBackend for KubeTasks {
             .filter_map(|t| record_of(t))
             .filter(|r| r.owned_by(owner))
             .collect())
+    }
+
+    /// The owner's unfinished CodingTasks the watch shows (every replica's), plus the ones
+    /// this replica created that it does not show yet.
+    async fn running_of(&self, owner: &OwnerKey) -> Result<usize> {
+        let seen = self.list(owner).await?.iter().filter(|r| !r.phase.is_finished()).count();
+        let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
+        created.retain(|id, (_, at)| {
+            at.elapsed() < CREATED_UNSEEN_TTL
+                && self.cache.get(&ObjectRef::new(id.as_str()).within(&self.namespace)).is_none()
+        });
+        Ok(seen + created.values().filter(|(o, _)| o == owner).count())
     }
 
     async fn cancel(&self, owner: &OwnerKey, id: &RunId) -> Result<bool> {

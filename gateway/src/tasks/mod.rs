@@ -128,6 +128,12 @@ pub trait TaskBackend: Send + Sync + 'static {
     /// Every task of `owner`, in no particular order.
     async fn list(&self, owner: &OwnerKey) -> crate::Result<Vec<TaskRecord>>;
 
+    /// How many tasks of `owner` have not finished, wherever they were started (every
+    /// replica's tasks: the cluster's state). A per-user limit on running tasks counts these.
+    async fn running_of(&self, owner: &OwnerKey) -> crate::Result<usize> {
+        Ok(self.list(owner).await?.iter().filter(|r| !r.phase.is_finished()).count())
+    }
+
     /// Asks the task to stop. `false` when there is no such task of `owner`.
     async fn cancel(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<bool>;
 

@@ -39,7 +39,7 @@ use toolyard_gateway::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeR
 use toolyard_gateway::executor::pool::PoolClient;
 use toolyard_gateway::internal::InternalLimits;
 use toolyard_gateway::metrics::Metrics;
-use toolyard_gateway::model::{ModelMetrics, ModelProfiles, ModelProxy, ProxySettings};
+use toolyard_gateway::model::{ModelMetrics, ModelProfile, ModelProfiles, ModelProxy, ProxySettings};
 use toolyard_gateway::server::{self, Drain, Listener, ServerSettings, ShutdownTokens};
 use toolyard_gateway::state::{AppState, Settings};
 use toolyard_gateway::store::ArtifactStore;
@@ -67,7 +67,7 @@ pub async fn s3_store() -> Arc<dyn ArtifactStore> {
     Arc::new(S3Store::new(&settings).await.expect("s3 store"))
 }
 
-fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     PolicyRule {
         api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
         resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
@@ -76,7 +76,7 @@ fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
-fn user_subject(name: &str) -> Subject {
+pub fn user_subject(name: &str) -> Subject {
     Subject {
         kind: "User".into(),
         name: name.into(),
@@ -191,6 +191,8 @@ pub async fn grant_platform(ns: &str) {
             rule(&["toolyard.dev"], &["mcptools"], &["get", "list", "watch"]),
             rule(&["toolyard.dev"], &["toolcalls"], &["create", "get", "list", "watch", "patch"]),
             rule(&["toolyard.dev"], &["toolcalls/status"], &["patch"]),
+            rule(&["toolyard.dev"], &["codingtasks"], &["create", "get", "list", "watch", "patch"]),
+            rule(&["toolyard.dev"], &["codingtasks/status"], &["patch"]),
         ],
         vec![user_subject(User::Gateway.name())],
     )
@@ -210,6 +212,7 @@ pub async fn grant_platform(ns: &str) {
     wait_allowed(gw, &[], "", "authentication.k8s.io", "tokenreviews", "create", None).await;
     wait_allowed(gw, &[], ns, "toolyard.dev", "toolcalls", "create", None).await;
     wait_allowed(gw, &[], ns, "toolyard.dev", "mcptools", "watch", None).await;
+    wait_allowed(gw, &[], ns, "toolyard.dev", "codingtasks", "watch", None).await;
     wait_allowed(User::Controller.name(), &[], ns, "toolyard.dev", "toolcalls", "watch", None).await;
     wait_allowed(User::Controller.name(), &[], ns, "toolyard.dev", "mcptools", "get", None).await;
 }
@@ -392,8 +395,11 @@ impl Gateway {
             Duration::from_secs(10),
             background.clone(),
         );
-        let models = ModelProxy::new(Arc::new(ModelProfiles::none()), ProxySettings::default(), ModelMetrics::new())
-            .expect("model proxy");
+        // One profile, so tasks can be started; no agent runs here, so nothing calls it.
+        let profile = ModelProfile::new("default", "http://127.0.0.1:9/v1", "none", None).expect("profile");
+        let profiles = ModelProfiles::new(vec![profile], Some("default".into())).expect("profiles");
+        let models =
+            ModelProxy::new(Arc::new(profiles), ProxySettings::default(), ModelMetrics::new()).expect("model proxy");
         let backends = Backends {
             catalog: Arc::new(catalog.clone()),
             executor: Arc::new(executor),
