@@ -61,7 +61,9 @@ pub struct ServeArgs {
     /// `*` accepts any host). Defaults to loopback names only.
     #[arg(long, env = "TOOLYARD_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
-    /// Accepted browser `Origin`s (comma-separated, with scheme); empty: no Origin check.
+    /// Browser `Origin`s allowed to call the MCP endpoint (comma-separated `scheme://host:port`,
+    /// `:*` for any port). A request with any other `Origin` gets 403; empty: every request with
+    /// an `Origin` is refused. Requests without `Origin` (non-browser clients) pass.
     #[arg(long, env = "TOOLYARD_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
     /// Tools per `tools/list` page.
@@ -217,6 +219,11 @@ pub fn allowed_hosts(list: &[String]) -> Vec<String> {
     }
 }
 
+/// Allowed origins from the flag, blank entries dropped: empty refuses every `Origin`.
+pub fn allowed_origins(list: &[String]) -> Vec<String> {
+    list.iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect()
+}
+
 impl ServeArgs {
     /// The namespace coding tasks are created in (see `--task-namespace`).
     pub fn task_namespace(&self) -> String {
@@ -289,7 +296,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let metrics_listener = (!args.metrics_listen.trim().is_empty()).then(|| args.metrics_listen.trim().to_owned());
     let settings = Settings {
         allowed_hosts: allowed_hosts(&args.allowed_hosts),
-        allowed_origins: args.allowed_origins.clone(),
+        allowed_origins: allowed_origins(&args.allowed_origins),
         page_size: args.page_size.max(1),
         metrics_on_public: metrics_listener.is_none(),
         limits: args.limits.settings(),
@@ -409,5 +416,18 @@ mod tests {
         assert_eq!(allowed_hosts(&[]), loopback_hosts());
         assert!(allowed_hosts(&["*".into()]).is_empty());
         assert_eq!(allowed_hosts(&["toolyard.example.com".into()]), ["toolyard.example.com"]);
+    }
+
+    #[test]
+    fn allowed_origins_default_to_none_and_blank_entries_are_dropped() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert!(allowed_origins(&cli.serve.allowed_origins).is_empty(), "no Origin is allowed by default");
+        let listed =
+            Cli::try_parse_from(["x", "--allowed-origins", "http://localhost:6274, ,https://app.example.com:443"])
+                .unwrap();
+        assert_eq!(
+            allowed_origins(&listed.serve.allowed_origins),
+            ["http://localhost:6274", "https://app.example.com:443"]
+        );
     }
 }

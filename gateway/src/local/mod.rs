@@ -83,6 +83,11 @@ pub struct LocalArgs {
     /// Accepted `Host` header values besides loopback names (needed with a non-loopback --listen).
     #[arg(long, env = "TOOLYARD_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// Browser `Origin`s allowed to call the MCP endpoint (comma-separated `scheme://host:port`,
+    /// `:*` for any port), e.g. `http://localhost:6274` for MCP Inspector's direct connection.
+    /// Requests with any other `Origin` get 403; requests without one pass.
+    #[arg(long, env = "TOOLYARD_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     /// Log format.
     #[arg(long, env = "TOOLYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -234,7 +239,11 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
 
     let mut allowed_hosts = loopback_hosts();
     allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
-    let settings = Settings { allowed_hosts, ..Settings::default() };
+    let settings = Settings {
+        allowed_hosts,
+        allowed_origins: crate::serve::allowed_origins(&args.allowed_origins),
+        ..Settings::default()
+    };
     let tokens = ShutdownTokens::default();
     let executor: Arc<dyn Executor> = Arc::new(executor);
     let flushed = executor.clone();
