@@ -1,6 +1,7 @@
 //! The embedded local mode's HTTP surface with raw requests, as a browser or a misbehaving
 //! client sends them: `toolyard_gateway::local::start` on loopback with the real runner binary
-//! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed.
+//! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed;
+//! a `tools/call` whose params do not fit gets invalid params (-32602).
 
 use std::path::Path;
 
@@ -114,4 +115,39 @@ async fn browser_origins_are_refused_unless_listed() {
     let (status, _) = post(&url, &list(), &[("origin", "http://localhost:6275")]).await;
     assert_eq!(status, 403, "the listed port only");
     listed.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test]
+async fn tools_call_with_misshapen_params_gets_invalid_params() {
+    let tools = echo_tools();
+    let data = TempDir::new("local-http-params");
+    let gateway = start(tools.path(), data.path(), &[]).await;
+    let url = gateway.mcp_url();
+    let call = |params: Option<Value>| {
+        let mut request = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call"});
+        if let Some(params) = params {
+            request["params"] = params;
+        }
+        request
+    };
+    for request in [
+        call(Some(json!({"arguments": {"x": 1}}))),
+        call(Some(json!({"name": "echo", "arguments": [1]}))),
+        call(Some(json!({"name": "echo", "arguments": "x"}))),
+        call(Some(json!({"name": 5}))),
+        call(None),
+    ] {
+        for version in [None, Some("2025-11-25"), Some("2025-06-18")] {
+            let headers: Vec<(&str, &str)> = version.map(|v| ("mcp-protocol-version", v)).into_iter().collect();
+            let (status, body) = post(&url, &request, &headers).await;
+            let answer: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{request}: {e}: {body}"));
+            assert_eq!(answer["error"]["code"], -32602, "{request} ({version:?}) -> {status} {body}");
+            assert_eq!(answer["id"], 7, "{body}");
+        }
+    }
+    let unknown = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/explode", "params": {}});
+    let (_, body) = post(&url, &unknown, &[]).await;
+    let answer: Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(answer["error"]["code"], -32601, "an unknown method is still not found: {body}");
+    gateway.shutdown().await.expect("shutdown");
 }
