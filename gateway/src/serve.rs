@@ -188,6 +188,10 @@ pub struct LimitArgs {
     /// from the previous answer (so also the idle limit); the connection is closed after it.
     #[arg(long, env = "TOOLYARD_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_seconds: u64,
+    /// Seconds a client has to send a request's body, counted from the end of its headers; a
+    /// body still arriving after it gets 408 and the request's admission slot is freed.
+    #[arg(long, env = "TOOLYARD_BODY_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_seconds: u64,
     /// `Retry-After` of busy answers, in seconds.
     #[arg(long, env = "TOOLYARD_RETRY_AFTER_SECONDS", default_value_t = 1)]
     pub retry_after_seconds: u64,
@@ -363,6 +367,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_headers: args.limits.max_headers,
         max_header_bytes: args.limits.max_header_bytes,
         header_read_timeout: Duration::from_secs(args.limits.header_read_timeout_seconds),
+        body_read_timeout: Duration::from_secs(args.limits.body_read_timeout_seconds),
     };
     let result = crate::server::serve(listeners, &server, tokens).await;
     flushed.flush().await;
@@ -401,6 +406,7 @@ mod tests {
         assert_eq!(cli.serve.internal.listen, "127.0.0.1:9081");
         assert_eq!(cli.serve.namespaces, ["a", "b"]);
         assert_eq!(cli.serve.limits.settings().max_calls_per_user, 16);
+        assert_eq!(cli.serve.limits.body_read_timeout_seconds, 30);
         assert!(cli.serve.storage.s3_path_style);
         assert!(cli.serve.tls.plain_http);
         assert!(Cli::try_parse_from(["x", "--storage-dir", "/d", "--s3-bucket", "b"]).is_err(), "one store only");

@@ -1,12 +1,16 @@
 //! The embedded local mode's HTTP surface with raw requests, as a browser or a misbehaving
 //! client sends them: `toolyard_gateway::local::start` on loopback with the real runner binary
 //! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed;
-//! a `tools/call` whose params do not fit gets invalid params (-32602).
+//! a `tools/call` whose params do not fit gets invalid params (-32602); a body sent too slowly
+//! is cut off with 408 and frees its user's request slot.
 
 use std::path::Path;
+use std::time::Duration;
 
 use clap::Parser;
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use toolyard_gateway::local::{LocalArgs, LocalGateway};
 use toolyard_tests::local::{self, TempDir};
 use toolyard_tests::repo_path;
@@ -149,5 +153,56 @@ async fn tools_call_with_misshapen_params_gets_invalid_params() {
     let (_, body) = post(&url, &unknown, &[]).await;
     let answer: Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(answer["error"]["code"], -32601, "an unknown method is still not found: {body}");
+    gateway.shutdown().await.expect("shutdown");
+}
+
+/// What the server sent on `stream` until it closed the connection.
+async fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return String::from_utf8_lossy(&got).into_owned(),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_body_sent_too_slowly_is_cut_off_and_frees_the_users_slot() {
+    let tools = echo_tools();
+    let data = TempDir::new("local-http-slow");
+    let gateway = start(tools.path(), data.path(), &["--body-read-timeout-seconds", "5"]).await;
+    let url = gateway.mcp_url();
+
+    // As many requests as one user may have in flight (64 by default), each authenticated and
+    // admitted, then stalled after the first byte of its body.
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: 100\r\n\r\n{{",
+        gateway.addr
+    );
+    let mut slow = Vec::new();
+    for _ in 0..64 {
+        let mut stream = TcpStream::connect(gateway.addr).await.expect("connect");
+        stream.write_all(head.as_bytes()).await.expect("send");
+        slow.push(stream);
+    }
+    toolyard_tests::wait_until(Duration::from_secs(5), "the stalled requests hold every slot of the user", || {
+        let url = url.clone();
+        async move { Ok(post(&url, &list(), &[]).await.0 == 429) }
+    })
+    .await
+    .expect("the user is at the limit");
+
+    for stream in &mut slow {
+        // A bound for a hang, not a speed check.
+        let answer = tokio::time::timeout(Duration::from_secs(60), read_until_closed(stream))
+            .await
+            .expect("the stalled request is cut off");
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    }
+    let (status, body) = post(&url, &list(), &[]).await;
+    assert_eq!(status, 200, "the slots are free again: {body}");
     gateway.shutdown().await.expect("shutdown");
 }

@@ -88,6 +88,10 @@ pub struct LocalArgs {
     /// Requests with any other `Origin` get 403; requests without one pass.
     #[arg(long, env = "TOOLYARD_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Seconds a client has to send a request's body, counted from the end of its headers; a
+    /// body still arriving after it gets 408.
+    #[arg(long, env = "TOOLYARD_BODY_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_seconds: u64,
     /// Log format.
     #[arg(long, env = "TOOLYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -264,7 +268,11 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },
         Listener { name: "internal", socket: internal_socket, router: internal, tls: None, drain: Drain::Last },
     ];
-    let server = ServerSettings { shutdown_grace: Duration::from_secs(5), ..ServerSettings::default() };
+    let server = ServerSettings {
+        shutdown_grace: Duration::from_secs(5),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout_seconds),
+        ..ServerSettings::default()
+    };
     let serve_tokens = tokens.clone();
     let served = tokio::spawn(async move {
         let result = crate::server::serve(listeners, &server, serve_tokens).await;
