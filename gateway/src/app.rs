@@ -10,8 +10,9 @@
 //! An MCP request passes, in order: shutdown refusal and the global HTTP limit (503 +
 //! `Retry-After`), the declared body size (413), authentication ([`auth::authenticate`]: the
 //! caller's [`Identity`](crate::identity::Identity), or an answer 400/401/403/503), the
-//! per-user HTTP limit (429 + `Retry-After`), then the MCP service, which finds the identity in
-//! the request extensions. These steps run in the route's handler, one after the other, rather
+//! per-user HTTP limit (429 + `Retry-After`), the body of a POST (read under the server's body
+//! deadline: 408 when it passes), then the MCP service, which finds the identity in the request
+//! extensions. These steps run in the route's handler, one after the other, rather
 //! than as one router layer each: a layer costs every request a boxed future and a boxed
 //! service clone per route. Every route is counted in the metrics.
 
@@ -147,6 +148,12 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
         Err(BodyError::Unreadable) => {
             return (StatusCode::BAD_REQUEST, "could not read the request body\n").into_response();
         }
+        Err(BodyError::TimedOut) => {
+            routes.state.metrics.admission_rejected(Rejection::BodyTimeout);
+            let mut response = (StatusCode::REQUEST_TIMEOUT, "request body not received in time\n").into_response();
+            response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
         Err(BodyError::TooLarge) => {
             routes.state.metrics.admission_rejected(Rejection::BodyTooLarge);
             return (StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n").into_response();
@@ -164,6 +171,8 @@ async fn forward(routes: &McpRoutes, request: Request) -> Response {
 enum BodyError {
     /// The connection failed or the body was malformed.
     Unreadable,
+    /// The body missed its deadline ([`crate::server::ServerSettings::body_read_timeout`]).
+    TimedOut,
     /// More than the cap.
     TooLarge,
 }
@@ -178,12 +187,13 @@ enum BodyError {
 async fn read_body<B>(mut body: B, max: usize) -> Result<Bytes, BodyError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error + 'static,
 {
     let mut single = Bytes::new();
     let mut joined: Option<BytesMut> = None;
     while !body.is_end_stream() {
         let Some(frame) = body.frame().await else { break };
-        let Ok(chunk) = frame.map_err(|_| BodyError::Unreadable)?.into_data() else {
+        let Ok(chunk) = frame.map_err(|e| unreadable(&e))?.into_data() else {
             continue; // trailers
         };
         let total = joined.as_ref().map_or(single.len(), BytesMut::len) + chunk.len();
@@ -202,6 +212,11 @@ where
         }
     }
     Ok(joined.map_or(single, BytesMut::freeze))
+}
+
+/// Why a body could not be read: it missed its deadline, or anything else.
+fn unreadable(error: &(dyn std::error::Error + 'static)) -> BodyError {
+    if crate::server::is_body_timeout(error) { BodyError::TimedOut } else { BodyError::Unreadable }
 }
 
 /// The JSON-RPC error for a body that is not a JSON-RPC message.
@@ -353,6 +368,17 @@ mod tests {
             vec![Ok(Bytes::from_static(b"ab")), Err(std::io::Error::other("connection reset"))];
         let broken = axum::body::Body::from_stream(futures::stream::iter(broken));
         assert_eq!(read_body(broken, 100).await.unwrap_err(), BodyError::Unreadable);
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_deadline_is_timed_out() {
+        let stalled: Vec<Result<Bytes, std::io::Error>> = vec![Ok(Bytes::from_static(b"{"))];
+        let stalled = futures::StreamExt::chain(futures::stream::iter(stalled), futures::stream::pending());
+        let body = tower_http::timeout::DeadlineBody::new(
+            std::time::Duration::from_millis(20),
+            axum::body::Body::from_stream(stalled),
+        );
+        assert_eq!(read_body(axum::body::Body::new(body), 100).await.unwrap_err(), BodyError::TimedOut);
     }
 
     #[test]

@@ -107,6 +107,8 @@ pub enum Rejection {
     HttpUser,
     /// Request body above the cap.
     BodyTooLarge,
+    /// Request body not received within the body read timeout.
+    BodyTimeout,
     /// The server is shutting down.
     ShuttingDown,
 }
@@ -121,6 +123,7 @@ impl Rejection {
             Rejection::HttpGlobal => "http_global",
             Rejection::HttpUser => "http_user",
             Rejection::BodyTooLarge => "body_too_large",
+            Rejection::BodyTimeout => "body_timeout",
             Rejection::ShuttingDown => "shutting_down",
         }
     }

@@ -61,7 +61,9 @@ pub struct ServeArgs {
     /// `*` accepts any host). Defaults to loopback names only.
     #[arg(long, env = "TOOLYARD_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
-    /// Accepted browser `Origin`s (comma-separated, with scheme); empty: no Origin check.
+    /// Browser `Origin`s allowed to call the MCP endpoint (comma-separated `scheme://host:port`,
+    /// `:*` for any port). A request with any other `Origin` gets 403; empty: every request with
+    /// an `Origin` is refused. Requests without `Origin` (non-browser clients) pass.
     #[arg(long, env = "TOOLYARD_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
     /// Tools per `tools/list` page.
@@ -191,6 +193,10 @@ pub struct LimitArgs {
     /// from the previous answer (so also the idle limit); the connection is closed after it.
     #[arg(long, env = "TOOLYARD_HEADER_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_seconds: u64,
+    /// Seconds a client has to send a request's body, counted from the end of its headers; a
+    /// body still arriving after it gets 408 and the request's admission slot is freed.
+    #[arg(long, env = "TOOLYARD_BODY_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_seconds: u64,
     /// `Retry-After` of busy answers, in seconds.
     #[arg(long, env = "TOOLYARD_RETRY_AFTER_SECONDS", default_value_t = 1)]
     pub retry_after_seconds: u64,
@@ -221,6 +227,11 @@ pub fn allowed_hosts(list: &[String]) -> Vec<String> {
     } else {
         list
     }
+}
+
+/// Allowed origins from the flag, blank entries dropped: empty refuses every `Origin`.
+pub fn allowed_origins(list: &[String]) -> Vec<String> {
+    list.iter().map(|o| o.trim().to_owned()).filter(|o| !o.is_empty()).collect()
 }
 
 impl ServeArgs {
@@ -295,7 +306,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let metrics_listener = (!args.metrics_listen.trim().is_empty()).then(|| args.metrics_listen.trim().to_owned());
     let settings = Settings {
         allowed_hosts: allowed_hosts(&args.allowed_hosts),
-        allowed_origins: args.allowed_origins.clone(),
+        allowed_origins: allowed_origins(&args.allowed_origins),
         page_size: args.page_size.max(1),
         metrics_on_public: metrics_listener.is_none(),
         limits: args.limits.settings(),
@@ -362,6 +373,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_headers: args.limits.max_headers,
         max_header_bytes: args.limits.max_header_bytes,
         header_read_timeout: Duration::from_secs(args.limits.header_read_timeout_seconds),
+        body_read_timeout: Duration::from_secs(args.limits.body_read_timeout_seconds),
     };
     let result = crate::server::serve(listeners, &server, tokens).await;
     flushed.flush().await;
@@ -400,6 +412,7 @@ mod tests {
         assert_eq!(cli.serve.internal.listen, "127.0.0.1:9081");
         assert_eq!(cli.serve.namespaces, ["a", "b"]);
         assert_eq!(cli.serve.limits.settings().max_calls_per_user, 16);
+        assert_eq!(cli.serve.limits.body_read_timeout_seconds, 30);
         assert!(cli.serve.storage.s3_path_style);
         assert!(cli.serve.tls.plain_http);
         assert!(Cli::try_parse_from(["x", "--storage-dir", "/d", "--s3-bucket", "b"]).is_err(), "one store only");
@@ -415,5 +428,18 @@ mod tests {
         assert_eq!(allowed_hosts(&[]), loopback_hosts());
         assert!(allowed_hosts(&["*".into()]).is_empty());
         assert_eq!(allowed_hosts(&["toolyard.example.com".into()]), ["toolyard.example.com"]);
+    }
+
+    #[test]
+    fn allowed_origins_default_to_none_and_blank_entries_are_dropped() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert!(allowed_origins(&cli.serve.allowed_origins).is_empty(), "no Origin is allowed by default");
+        let listed =
+            Cli::try_parse_from(["x", "--allowed-origins", "http://localhost:6274, ,https://app.example.com:443"])
+                .unwrap();
+        assert_eq!(
+            allowed_origins(&listed.serve.allowed_origins),
+            ["http://localhost:6274", "https://app.example.com:443"]
+        );
     }
 }

@@ -1,9 +1,14 @@
-//! Serving routers on listeners (hyper, plain or rustls) with header limits and a graceful
-//! shutdown shared by every listener.
+//! Serving routers on listeners (hyper, plain or rustls) with header limits, a request body
+//! deadline and a graceful shutdown shared by every listener.
 //!
 //! Each listener has its own accept loop; each connection is one task running hyper's
 //! HTTP/1 + HTTP/2 connection, wrapped in [`RepollSelfWakes`] (hyper wakes a connection's own
 //! task once per request with a body; see that module).
+//!
+//! Every request body has a deadline ([`ServerSettings::body_read_timeout`], tower-http's
+//! [`RequestBodyDeadline`]): a body still arriving after it fails to read with an error
+//! [`is_body_timeout`] recognizes, which the handlers answer with 408. A client trickling a body
+//! byte by byte thus holds its request (and the admission slot it took) for that long at most.
 //!
 //! Shutdown, on SIGTERM/SIGINT or when the caller's trigger fires:
 //! 1. the app's shutdown token is cancelled: new MCP requests get 503 with `Retry-After` and
@@ -27,6 +32,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tower_http::timeout::{RequestBodyDeadline, TimeoutError};
 
 use crate::coarse_timer::CoarseTimer;
 use crate::self_wake::RepollSelfWakes;
@@ -45,6 +51,8 @@ pub struct ServerSettings {
     /// the previous answer (so it is also the idle limit). Enforced on a one-second clock
     /// ([`CoarseTimer`]): the connection closes up to a second after it.
     pub header_read_timeout: Duration,
+    /// Time a client has to send a request's whole body, counted from the end of its headers.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerSettings {
@@ -54,6 +62,7 @@ impl Default for ServerSettings {
             max_headers: 64,
             max_header_bytes: 64 * 1024,
             header_read_timeout: Duration::from_secs(30),
+            body_read_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -147,7 +156,8 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
         let name = l.name;
         tracing::info!(listener = name, %addr, tls = l.tls.is_some(), "listening");
         let socket = tokio::net::TcpListener::from_std(l.socket).context("listener socket")?;
-        let served = Served { router: l.router, tls: l.tls, builder: Arc::clone(&builder) };
+        let service = RequestBodyDeadline::new(l.router, settings.body_read_timeout);
+        let served = Served { service, tls: l.tls, builder: Arc::clone(&builder) };
         tasks.spawn(async move { (name, accept_loop(name, socket, served, drain, grace).await) });
     }
 
@@ -189,7 +199,7 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
 
 /// What a listener's connections are served with.
 struct Served {
-    router: Router,
+    service: RequestBodyDeadline<Router>,
     tls: Option<TlsConfig>,
     builder: Arc<Builder<TokioExecutor>>,
 }
@@ -268,11 +278,22 @@ async fn serve_http<I>(io: I, served: &Served, watcher: Watcher)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let service = TowerToHyperService::new(served.router.clone());
+    let service = TowerToHyperService::new(served.service.clone());
     let conn = served.builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     if let Err(e) = RepollSelfWakes::new(watcher.watch(conn)).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }
+}
+
+/// True when `error`, or an error it wraps, is a request body that missed its deadline
+/// ([`ServerSettings::body_read_timeout`]): the answer is 408.
+pub fn is_body_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    caused_by::<TimeoutError>(error)
+}
+
+/// True when `error` or an error in its `source` chain is an `E`.
+pub fn caused_by<E: std::error::Error + 'static>(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |e| e.source()).any(|e| e.is::<E>())
 }
 
 /// Errors of `accept` that concern one connection only (the next accept can succeed).

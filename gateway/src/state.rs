@@ -25,7 +25,8 @@ pub struct Settings {
     /// `Host` header values (host or host:port) accepted on the MCP routes; requests with
     /// any other host get 403 (DNS rebinding protection). Empty: any host (not recommended).
     pub allowed_hosts: Vec<String>,
-    /// Browser `Origin`s accepted (empty: no Origin check; requests without Origin pass).
+    /// Browser `Origin`s accepted; any other `Origin` gets 403 (empty: every request with an
+    /// `Origin` is refused). Requests without `Origin` pass.
     pub allowed_origins: Vec<String>,
     /// Tools per `tools/list` page.
     pub page_size: usize,

@@ -41,6 +41,8 @@ impl Local {
             max_calls: 4,
             kill_grace: 0.5,
             allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            body_read_timeout_seconds: 30,
             log_format: LogFormat::Plain,
             models: toolyard_gateway::model::ModelArgs::default(),
         };

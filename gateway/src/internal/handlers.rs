@@ -31,14 +31,23 @@ fn task_path(owner: &OwnerKey, id: &RunId, file: &TaskFile) -> String {
     relative(owner, storage::task_key(owner, id, file))
 }
 
-/// Reads a body of at most `limit` bytes (413 beyond, checked on the declared length first).
+/// Reads a body of at most `limit` bytes (413 beyond, checked on the declared length first; 408
+/// when it misses the server's body deadline; 400 when the connection fails).
 pub(super) async fn read_body(headers: &HeaderMap, body: Body, limit: usize, what: &str) -> Result<Bytes, ApiError> {
     let declared =
         headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(what, limit));
     }
-    axum::body::to_bytes(body, limit).await.map_err(|_| ApiError::too_large(what, limit))
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if crate::server::is_body_timeout(&e) {
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, format!("{what} was not received in time"))
+        } else if crate::server::caused_by::<http_body_util::LengthLimitError>(&e) {
+            ApiError::too_large(what, limit)
+        } else {
+            ApiError::bad_request(format!("could not read {what}"))
+        }
+    })
 }
 
 /// `GET calls/{id}/input`.
@@ -201,4 +210,32 @@ pub async fn get_task_output(
 /// Any other path.
 pub async fn not_found() -> ApiError {
     ApiError::not_found("no such internal API route")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tower_http::timeout::DeadlineBody;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_body_is_refused_by_why_it_cannot_be_read() {
+        let headers = HeaderMap::new();
+        let pieces = |pieces: Vec<Result<Bytes, std::io::Error>>| Body::from_stream(futures::stream::iter(pieces));
+        let ok = pieces(vec![Ok(Bytes::from_static(b"ab")), Ok(Bytes::from_static(b"cd"))]);
+        assert_eq!(read_body(&headers, ok, 4, "the log").await.unwrap(), Bytes::from_static(b"abcd"));
+        let long = pieces(vec![Ok(Bytes::from_static(b"ab")), Ok(Bytes::from_static(b"cde"))]);
+        assert_eq!(read_body(&headers, long, 4, "the log").await.unwrap_err().status, StatusCode::PAYLOAD_TOO_LARGE);
+        let broken = pieces(vec![Ok(Bytes::from_static(b"ab")), Err(std::io::Error::other("connection reset"))]);
+        assert_eq!(read_body(&headers, broken, 4, "the log").await.unwrap_err().status, StatusCode::BAD_REQUEST);
+        // A body that never ends, behind the deadline the server puts on every request body.
+        let stalled = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"a"))])
+            .chain(futures::stream::pending());
+        let stalled = Body::new(DeadlineBody::new(Duration::from_millis(20), Body::from_stream(stalled)));
+        let e = read_body(&headers, stalled, 4, "the log").await.unwrap_err();
+        assert_eq!((e.status, e.message.as_str()), (StatusCode::REQUEST_TIMEOUT, "the log was not received in time"));
+    }
 }

@@ -50,7 +50,8 @@ Python SDK (pip install mcp):
     asyncio.run(main())
 
 MCP Inspector: run `npx @modelcontextprotocol/inspector`, choose transport "Streamable HTTP",
-URL {url}, and add the header `Authorization: Bearer {token}`.
+URL {url}, and add the header `Authorization: Bearer {token}` (to connect from the
+browser without the Inspector's proxy, start with --allowed-origins http://localhost:6274).
 
 Stop with Ctrl-C.
 "#

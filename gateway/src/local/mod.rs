@@ -83,6 +83,15 @@ pub struct LocalArgs {
     /// Accepted `Host` header values besides loopback names (needed with a non-loopback --listen).
     #[arg(long, env = "TOOLYARD_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
+    /// Browser `Origin`s allowed to call the MCP endpoint (comma-separated `scheme://host:port`,
+    /// `:*` for any port), e.g. `http://localhost:6274` for MCP Inspector's direct connection.
+    /// Requests with any other `Origin` get 403; requests without one pass.
+    #[arg(long, env = "TOOLYARD_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Seconds a client has to send a request's body, counted from the end of its headers; a
+    /// body still arriving after it gets 408.
+    #[arg(long, env = "TOOLYARD_BODY_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_seconds: u64,
     /// Log format.
     #[arg(long, env = "TOOLYARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -234,7 +243,11 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
 
     let mut allowed_hosts = loopback_hosts();
     allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
-    let settings = Settings { allowed_hosts, ..Settings::default() };
+    let settings = Settings {
+        allowed_hosts,
+        allowed_origins: crate::serve::allowed_origins(&args.allowed_origins),
+        ..Settings::default()
+    };
     let tokens = ShutdownTokens::default();
     let executor: Arc<dyn Executor> = Arc::new(executor);
     let flushed = executor.clone();
@@ -255,7 +268,11 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },
         Listener { name: "internal", socket: internal_socket, router: internal, tls: None, drain: Drain::Last },
     ];
-    let server = ServerSettings { shutdown_grace: Duration::from_secs(5), ..ServerSettings::default() };
+    let server = ServerSettings {
+        shutdown_grace: Duration::from_secs(5),
+        body_read_timeout: Duration::from_secs(args.body_read_timeout_seconds),
+        ..ServerSettings::default()
+    };
     let serve_tokens = tokens.clone();
     let served = tokio::spawn(async move {
         let result = crate::server::serve(listeners, &server, serve_tokens).await;

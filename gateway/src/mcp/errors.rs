@@ -4,8 +4,12 @@
 //! Internal details never reach the client: [`from_error`] uses [`crate::Error::public_message`].
 
 use rmcp::ErrorData;
-use rmcp::model::ErrorCode;
-use serde_json::json;
+use rmcp::model::{
+    CallToolRequestMethod, CallToolRequestParams, CancelTaskMethod, ConstString, DiscoverRequestMethod, ErrorCode,
+    GetTaskMethod, InitializeResultMethod, ListResourceTemplatesRequestMethod, ListResourcesRequestMethod,
+    ListToolsRequestMethod, PingRequestMethod, ReadResourceRequestMethod, SubscriptionsListenRequestMethod,
+};
+use serde_json::{Value, json};
 
 /// JSON-RPC error code of "server busy" (an admission limit refused the call; retry later).
 pub const SERVER_BUSY: ErrorCode = ErrorCode(-32003);
@@ -36,6 +40,54 @@ pub fn invalid_cursor() -> ErrorData {
     ErrorData::invalid_params("invalid cursor", None)
 }
 
+/// The methods this server answers. rmcp reads each into its own request type; a request of
+/// one of them that does not fit that type reaches the handler as a custom request.
+const SERVED_METHODS: &[&str] = &[
+    CallToolRequestMethod::VALUE,
+    ListToolsRequestMethod::VALUE,
+    ListResourcesRequestMethod::VALUE,
+    ListResourceTemplatesRequestMethod::VALUE,
+    ReadResourceRequestMethod::VALUE,
+    GetTaskMethod::VALUE,
+    CancelTaskMethod::VALUE,
+    SubscriptionsListenRequestMethod::VALUE,
+    InitializeResultMethod::VALUE,
+    DiscoverRequestMethod::VALUE,
+    PingRequestMethod::VALUE,
+];
+
+/// Longest client text (a method name, a parse error quoting a value) echoed in an error.
+const MAX_ECHO: usize = 200;
+
+/// The answer to a request rmcp read as no request type it knows (a custom request): `-32602`
+/// (invalid params) when the method is one this server answers, such as a `tools/call` without
+/// `name` or with `arguments` that are not an object; `-32601` (method not found) otherwise.
+pub fn unreadable_request(method: &str, params: Option<&Value>) -> ErrorData {
+    if !SERVED_METHODS.contains(&method) {
+        return ErrorData::new(ErrorCode::METHOD_NOT_FOUND, bounded(method.to_owned()), None);
+    }
+    let reason = if method == CallToolRequestMethod::VALUE {
+        match params {
+            None => "params with a tool `name` are required".to_owned(),
+            Some(params) => serde_json::from_value::<CallToolRequestParams>(params.clone())
+                .err()
+                .map_or_else(|| "params do not fit tools/call".to_owned(), |e| e.to_string()),
+        }
+    } else {
+        format!("params do not fit {method}")
+    };
+    ErrorData::invalid_params(bounded(format!("Invalid params: {reason}")), None)
+}
+
+/// `text` cut to [`MAX_ECHO`] bytes (at a character boundary).
+fn bounded(mut text: String) -> String {
+    if text.len() > MAX_ECHO {
+        text.truncate(text.floor_char_boundary(MAX_ECHO));
+        text.push('…');
+    }
+    text
+}
+
 /// Maps a gateway error to a JSON-RPC error; internal failures are logged by the caller and
 /// answered with a generic message.
 pub fn from_error(error: &crate::Error, retry_after_secs: u64) -> ErrorData {
@@ -63,6 +115,23 @@ mod tests {
         assert_eq!(e.code, ErrorCode::INVALID_PARAMS);
         assert!(e.message.len() < 100, "{}", e.message);
         assert_eq!(unknown_tool("a\"b").message, "Unknown tool: \"a\\\"b\"");
+    }
+
+    #[test]
+    fn unreadable_requests_of_served_methods_have_invalid_params() {
+        let no_name = unreadable_request("tools/call", Some(&json!({"arguments": {"x": 1}})));
+        assert_eq!(no_name.code, ErrorCode::INVALID_PARAMS);
+        assert!(no_name.message.contains("missing field `name`"), "{}", no_name.message);
+        let list_arguments = unreadable_request("tools/call", Some(&json!({"name": "t", "arguments": [1]})));
+        assert_eq!(list_arguments.code, ErrorCode::INVALID_PARAMS);
+        assert_eq!(unreadable_request("tools/call", None).code, ErrorCode::INVALID_PARAMS);
+        assert_eq!(unreadable_request("resources/read", Some(&json!({}))).code, ErrorCode::INVALID_PARAMS);
+        let long = unreadable_request("tools/call", Some(&json!({"name": 5, "arguments": "x".repeat(10_000)})));
+        assert!(long.message.len() <= MAX_ECHO + '…'.len_utf8(), "{}", long.message);
+
+        let unknown = unreadable_request("tools/explode", Some(&json!({})));
+        assert_eq!((unknown.code, unknown.message.as_ref()), (ErrorCode::METHOD_NOT_FOUND, "tools/explode"));
+        assert!(unreadable_request(&"m".repeat(10_000), None).message.len() <= MAX_ECHO + '…'.len_utf8());
     }
 
     #[test]

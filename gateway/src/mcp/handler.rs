@@ -393,6 +393,16 @@ impl ServerHandler for McpHandler {
         result
     }
 
+    /// A request rmcp could read as no request type: invalid params of a served method
+    /// (`tools/call` without `name`, say), or an unknown method.
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        Err(errors::unreadable_request(&request.method, request.params.as_ref()))
+    }
+
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);

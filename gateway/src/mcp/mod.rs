@@ -110,7 +110,9 @@ impl McpService {
 
 /// Builds the endpoint. rmcp's service is stateless (any replica serves any request), answers
 /// in JSON where the client allows it, and checks hosts and origins from the settings and the
-/// body cap from the limits. `cancel` ends every stream and every waiting request when fired;
+/// body cap from the limits. Origins are always checked: a request with an `Origin` that is
+/// not listed (every `Origin` when the list is empty) gets 403, as the Streamable HTTP
+/// transport requires; requests without one (non-browser clients) pass. `cancel` ends every stream and every waiting request when fired;
 /// the server fires it only after the shutdown grace period, so in-flight calls can finish.
 pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
     let settings = state.settings.clone();
@@ -119,12 +121,11 @@ pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
         .with_json_response(true)
         .with_sse_keep_alive(Some(Duration::from_secs(15)))
         .with_cancellation_token(cancel.clone())
-        .with_allowed_hosts(settings.allowed_hosts.clone());
+        .with_allowed_hosts(settings.allowed_hosts.clone())
+        .with_allowed_origins(settings.allowed_origins.clone())
+        .enforce_origin_validation();
     if settings.allowed_hosts.is_empty() {
         config = config.disable_allowed_hosts();
-    }
-    if !settings.allowed_origins.is_empty() {
-        config = config.with_allowed_origins(settings.allowed_origins.clone());
     }
     config.max_request_body_bytes = settings.limits.max_body_bytes;
     let handler = McpHandler::new(state);
