@@ -98,6 +98,15 @@ async fn suite(store: &dyn ArtifactStore) {
     assert!(store.put_all(&alice, bad_batch).await.is_err(), "a batch with a traversal is refused");
     assert!(store.list(&alice, "calls/c3/").await.expect("list").is_empty(), "and writes nothing");
 
+    // Create-only writes: the first wins, later ones change nothing; of many at once, one wins.
+    assert!(store.create(&alice, "tasks/t1/events/000001.jsonl", Bytes::from_static(b"first")).await.expect("create"));
+    assert!(!store.create(&alice, "tasks/t1/events/000001.jsonl", Bytes::from_static(b"again")).await.expect("create"));
+    assert_eq!(
+        store.get(&alice, "tasks/t1/events/000001.jsonl").await.expect("get"),
+        Some(Bytes::from_static(b"first"))
+    );
+    assert!(store.create(&alice, "../x", Bytes::from_static(b"x")).await.is_err(), "create checks paths too");
+
     // A traversal attempt aimed at bob's file reads nothing of bob's.
     store.put(&bob, "calls/secret/input.json", Bytes::from_static(b"bob")).await.expect("put");
     let attempt = format!("../{bob}/calls/secret/input.json");
@@ -169,6 +178,31 @@ async fn folder_store_never_follows_links_out_of_its_root() {
     let listed = store.list(&alice, "calls/").await.expect("list");
     assert_eq!(listed, vec![ObjectInfo { path: "calls/c1/input.json".into(), size: 2 }], "links are not listed");
     assert_eq!(std::fs::read(outside.join("secret.txt")).expect("read"), b"top secret");
+}
+
+/// Of creates racing for one path, exactly one wins (S3 gives the same guarantee for
+/// `If-None-Match: *`; the test server, s3s-fs, checks and writes in two steps, so the race is
+/// shown on the folder store only).
+#[tokio::test]
+async fn folder_store_creates_are_atomic() {
+    let dir = TempDir::new("gw-store-create");
+    let store = Arc::new(FsStore::new(dir.path()).expect("store"));
+    let alice = owners().0;
+    let racing = (0..16).map(|n| {
+        let store = store.clone();
+        let alice = alice.clone();
+        tokio::spawn(
+            async move { store.create(&alice, "tasks/t/events/000001.jsonl", Bytes::from(format!("{n}"))).await },
+        )
+    });
+    let won = futures::future::join_all(racing)
+        .await
+        .into_iter()
+        .filter(|r| *r.as_ref().expect("join").as_ref().expect("create"))
+        .count();
+    assert_eq!(won, 1, "exactly one of the racing creates wins");
+    let files = store.list(&alice, "tasks/t/events/").await.expect("list");
+    assert_eq!(files.len(), 1, "no temporary file is left: {files:?}");
 }
 
 #[tokio::test]

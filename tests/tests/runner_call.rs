@@ -280,3 +280,34 @@ async fn a_token_for_another_call_gets_nothing_and_the_runner_reports_its_own_er
     assert_eq!(gw.file("c-victim", "result.json").await, None);
     assert!(std::fs::read_to_string(gw.termination_log("c-victim")).unwrap().starts_with("runner error:"));
 }
+
+/// Event segments stay unique when two replicas store a run's events at once: each takes the
+/// next free number with a create-only write, so no post overwrites another's segment.
+#[tokio::test]
+async fn events_posted_through_two_replicas_at_once_keep_every_segment() {
+    let dir = TempDir::new("runner-call-events");
+    let store = Arc::new(FsStore::new(dir.path().join("data")).expect("test setup"));
+    let mut urls = Vec::new();
+    for _ in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("test setup");
+        urls.push(format!("http://{}", listener.local_addr().expect("test setup")));
+        let router = internal::router(InternalState::new(store.clone(), key()));
+        tokio::spawn(async move { axum::serve(listener, router).await.expect("test setup") });
+    }
+    let claims =
+        Claims { kind: RunKind::Call, ns: String::new(), id: "evt-1".into(), owner: owner(), exp: now() + 600 };
+    let token = key().sign(&claims);
+    let http = reqwest::Client::new();
+    let posts = (0..20).map(|n| {
+        let request = http
+            .post(format!("{}/internal/v1/calls/evt-1/events", urls[n % 2]))
+            .bearer_auth(&token)
+            .body(json!({"time": "2026-12-04T12:00:00Z", "type": "call_started", "data": {"n": n}}).to_string());
+        async move { request.send().await.expect("post").status() }
+    });
+    for status in futures::future::join_all(posts).await {
+        assert_eq!(status, 204);
+    }
+    let segments = store.list(&owner().key(), "calls/evt-1/events/").await.expect("list");
+    assert_eq!(segments.len(), 20, "{segments:?}");
+}

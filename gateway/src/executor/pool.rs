@@ -329,6 +329,9 @@ mod tests {
             self.0.lock().unwrap().insert(format!("{owner}/{path}"), bytes);
             Ok(())
         }
+        async fn create(&self, _: &OwnerKey, _: &str, _: Bytes) -> Result<bool> {
+            unimplemented!("not used")
+        }
         async fn get(&self, owner: &OwnerKey, path: &str) -> Result<Option<Bytes>> {
             Ok(self.0.lock().unwrap().get(&format!("{owner}/{path}")).cloned())
         }

@@ -158,17 +158,28 @@ async fn append_events(
     let mut segment = lines.join("\n");
     segment.push('\n');
 
+    // The next number after the highest stored, created only if no other replica took it
+    // meanwhile (then the one after). The lock keeps this replica's own posts from racing.
     let _guard = state.events_lock.lock().await;
     let existing = state.store.list(owner, folder).await?;
-    let last = existing
+    let mut next = existing
         .iter()
         .filter_map(|o| o.path.rsplit('/').next()?.strip_suffix(".jsonl")?.parse::<u32>().ok())
         .max()
         .unwrap_or(0);
-    let next = last.checked_add(1).ok_or_else(|| ApiError::bad_request("too many event segments"))?;
-    state.store.put(owner, &segment_path(next), Bytes::from(segment)).await?;
-    Ok(StatusCode::NO_CONTENT)
+    let segment = Bytes::from(segment);
+    for _ in 0..MAX_SEGMENT_ATTEMPTS {
+        next = next.checked_add(1).ok_or_else(|| ApiError::bad_request("too many event segments"))?;
+        if state.store.create(owner, &segment_path(next), segment.clone()).await? {
+            return Ok(StatusCode::NO_CONTENT);
+        }
+    }
+    Err(crate::Error::Unavailable("the event segment numbers are contended; retry".into()).into())
 }
+
+/// Segment numbers tried by one post of events before giving up (each taken one means
+/// another replica stored a segment in between).
+const MAX_SEGMENT_ATTEMPTS: usize = 16;
 
 fn output_path(raw: &str) -> Result<RelativePath, ApiError> {
     RelativePath::parse(raw).map_err(|e| ApiError::bad_request(e.to_string()))

@@ -45,6 +45,15 @@ pub struct FsStore {
     inner: Arc<Inner>,
 }
 
+/// How [`Inner::write_file`] treats a file already at the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteMode {
+    /// Replace it.
+    Replace,
+    /// Keep it and write nothing.
+    CreateOnly,
+}
+
 #[derive(Debug)]
 struct Inner {
     root: PathBuf,
@@ -101,7 +110,13 @@ impl Inner {
 
     fn put(&self, key: &str, bytes: &[u8]) -> Result<()> {
         let target = self.prepared_target(key)?;
-        self.write_file(&target, bytes)
+        self.write_file(&target, bytes, WriteMode::Replace).map(drop)
+    }
+
+    /// Writes `key` unless it exists; `false` when it did.
+    fn create(&self, key: &str, bytes: &[u8]) -> Result<bool> {
+        let target = self.prepared_target(key)?;
+        self.write_file(&target, bytes, WriteMode::CreateOnly)
     }
 
     /// Writes several files in order, stopping at the first failure. Files in the folder of
@@ -118,7 +133,7 @@ impl Inner {
             } else {
                 self.prepared_target(key)?
             };
-            self.write_file(&target, bytes)?;
+            self.write_file(&target, bytes, WriteMode::Replace)?;
             checked_folder = target.parent().map(Path::to_path_buf);
         }
         Ok(())
@@ -136,8 +151,10 @@ impl Inner {
         Ok(target)
     }
 
-    /// Writes `bytes` to a temporary file beside `target` and renames it into place.
-    fn write_file(&self, target: &Path, bytes: &[u8]) -> Result<()> {
+    /// Writes `bytes` to a temporary file beside `target` and moves it into place: renamed
+    /// over any file there, or, create-only, linked (which fails if `target` exists: then
+    /// `false`).
+    fn write_file(&self, target: &Path, bytes: &[u8], how: WriteMode) -> Result<bool> {
         let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
         let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
         let write = || {
@@ -147,13 +164,26 @@ impl Inner {
                 file.sync_data()?;
             }
             drop(file);
-            std::fs::rename(&tmp, target)
+            match how {
+                WriteMode::Replace => std::fs::rename(&tmp, target).map(|()| true),
+                WriteMode::CreateOnly => {
+                    let linked = match std::fs::hard_link(&tmp, target) {
+                        Ok(()) => Ok(true),
+                        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
+                        Err(e) => Err(e),
+                    };
+                    std::fs::remove_file(&tmp)?;
+                    linked
+                }
+            }
         };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io_error("writing", target, e));
+        match write() {
+            Ok(written) => Ok(written),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(io_error("writing", target, e))
+            }
         }
-        Ok(())
     }
 
     fn get(&self, key: &str) -> Result<Option<Bytes>> {
@@ -256,6 +286,11 @@ impl ArtifactStore for FsStore {
     async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> Result<()> {
         let key = file_key(owner, path)?;
         self.blocking(move |inner| inner.put(&key, &bytes)).await
+    }
+
+    async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> Result<bool> {
+        let key = file_key(owner, path)?;
+        self.blocking(move |inner| inner.create(&key, &bytes)).await
     }
 
     /// All files in one blocking task, the shared folder checked once.

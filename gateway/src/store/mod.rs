@@ -35,6 +35,10 @@ pub struct Chunk {
 pub trait ArtifactStore: Send + Sync + 'static {
     /// Writes (replaces) an object.
     async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> crate::Result<()>;
+
+    /// Writes `path` only if nothing is there yet (atomically: of two replicas creating the
+    /// same path, one wins); `false` when something was.
+    async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> crate::Result<bool>;
     /// Writes several objects of one owner in order, stopping at the first failure (whose
     /// error it returns); a path that is not valid fails the batch before anything is
     /// written. Stores override it when a batch is cheaper than single writes.

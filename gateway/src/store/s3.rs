@@ -159,6 +159,22 @@ impl ArtifactStore for S3Store {
         Ok(())
     }
 
+    /// A conditional PutObject (`If-None-Match: *`): S3 answers 412 when the key exists, and
+    /// 409 when a concurrent conditional write to it is in progress (that one wins).
+    async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> Result<bool> {
+        let key = owner_key_path(owner, path)?;
+        if key.ends_with('/') {
+            return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
+        }
+        let sent =
+            self.client.put_object().bucket(&self.bucket).key(&key).if_none_match("*").body(ByteStream::from(bytes));
+        match sent.send().await {
+            Ok(_) => Ok(true),
+            Err(e) if e.raw_response().is_some_and(|r| matches!(r.status().as_u16(), 409 | 412)) => Ok(false),
+            Err(e) => Err(storage_error("put", &key, e)),
+        }
+    }
+
     async fn get(&self, owner: &OwnerKey, path: &str) -> Result<Option<Bytes>> {
         let key = owner_key_path(owner, path)?;
         let out = match self.client.get_object().bucket(&self.bucket).key(&key).send().await {
