@@ -2,7 +2,8 @@
 //! client sends them: `toolyard_gateway::local::start` on loopback with the real runner binary
 //! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed;
 //! a `tools/call` whose params do not fit gets invalid params (-32602); a body sent too slowly
-//! is cut off with 408 and frees its user's request slot; the data folder is the user's alone.
+//! is cut off with 408 and frees its user's request slot; the data folder is the user's alone;
+//! `/metrics` is served only on its own opt-in listener.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -261,4 +262,31 @@ async fn the_data_folder_and_every_file_in_it_are_private_to_the_user() {
         let e = toolyard_gateway::local::start(args).await.expect_err("another user's folder").to_string();
         assert!(e.contains("belongs to user id 4242"), "{e}");
     }
+}
+
+#[tokio::test]
+async fn metrics_are_served_only_on_their_own_listener() {
+    let tools = echo_tools();
+    let data = TempDir::new("local-http-metrics");
+    let http = reqwest::Client::new();
+
+    let gateway = start(tools.path(), data.path(), &[]).await;
+    assert_eq!(gateway.metrics_addr, None, "no metrics listener unless asked for");
+    let base = format!("http://{}", gateway.addr);
+    let metrics = http.get(format!("{base}/metrics")).send().await.expect("request");
+    assert_eq!(metrics.status(), 404, "no unauthenticated metrics on the MCP listener");
+    let with_token = http.get(format!("{base}/metrics")).bearer_auth(TOKEN).send().await.expect("request");
+    assert_eq!(with_token.status(), 404);
+    assert_eq!(http.get(format!("{base}/healthz")).send().await.expect("request").status(), 200);
+    gateway.shutdown().await.expect("shutdown");
+
+    let gateway = start(tools.path(), data.path(), &["--metrics-listen", "127.0.0.1:0"]).await;
+    let ops = gateway.metrics_addr.expect("the metrics listener");
+    let (status, _) = post(&gateway.mcp_url(), &call_echo(), &[]).await;
+    assert_eq!(status, 200);
+    let text = http.get(format!("http://{ops}/metrics")).send().await.expect("request").text().await.expect("text");
+    assert!(text.contains("toolyard_gateway_tool_calls_total{tool=\"echo\""), "{text}");
+    let public = http.get(format!("http://{}/metrics", gateway.addr)).send().await.expect("request");
+    assert_eq!(public.status(), 404, "still not on the MCP listener");
+    gateway.shutdown().await.expect("shutdown");
 }
