@@ -103,7 +103,9 @@ fn run_gateway_process() {
         let store_dir = std::env::temp_dir().join(format!("toolyard-bench-{}", std::process::id()));
         let store = Arc::new(FsStore::new(&store_dir).expect("store"));
         let authorizer = SarAuthorizer::new(client.clone(), SarSettings::default(), AuthzMetrics::default());
-        let auth = gateway_support::auth_args(&["--tokenreview", "--tokenreview-audience", "toolyard"])
+        // The test cluster's users hold static (opaque) tokens.
+        let flags = ["--tokenreview", "--tokenreview-audience", "toolyard", "--tokenreview-opaque-tokens"];
+        let auth = gateway_support::auth_args(&flags)
             .build(AuthContext {
                 kube: Some(client),
                 namespace: "toolyard".into(),

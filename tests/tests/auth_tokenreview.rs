@@ -15,7 +15,12 @@ use toolyard_tests::{TestEnv, User};
 
 async fn authenticator() -> TokenReviewAuthenticator {
     rbac::grant_gateway("toolyard-test-gateway-tokenreview", "authentication.k8s.io", "tokenreviews", "create").await;
-    let settings = TokenReviewSettings { positive_ttl: Duration::from_secs(300), ..TokenReviewSettings::default() };
+    // The test cluster's users hold static (opaque) tokens; ServiceAccount tokens are JWTs.
+    let settings = TokenReviewSettings {
+        positive_ttl: Duration::from_secs(300),
+        opaque_tokens: true,
+        ..TokenReviewSettings::default()
+    };
     TokenReviewAuthenticator::new(TestEnv::get().client(User::Gateway).await, settings)
 }
 
@@ -98,7 +103,8 @@ async fn a_reviewer_without_permission_is_unavailable_not_an_identity() {
     // bob may not create TokenReviews: the apiserver answers 403, which must not become an
     // identity nor a cached refusal of the token.
     let env = TestEnv::get();
-    let auth = TokenReviewAuthenticator::new(env.client(User::Bob).await, TokenReviewSettings::default());
+    let settings = TokenReviewSettings { opaque_tokens: true, ..TokenReviewSettings::default() };
+    let auth = TokenReviewAuthenticator::new(env.client(User::Bob).await, settings);
     let e = auth.authenticate(env.token(User::Alice)).await.expect_err("no identity");
     assert_eq!(e.reason, reason::UNAVAILABLE);
     let _ = auth.authenticate(env.token(User::Alice)).await;

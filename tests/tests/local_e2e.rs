@@ -42,6 +42,7 @@ impl Local {
             kill_grace: 0.5,
             allowed_hosts: Vec::new(),
             allowed_origins: Vec::new(),
+            metrics_listen: None,
             body_read_timeout_seconds: 30,
             log_format: LogFormat::Plain,
             models: toolyard_gateway::model::ModelArgs::default(),

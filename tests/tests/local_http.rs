@@ -2,9 +2,11 @@
 //! client sends them: `toolyard_gateway::local::start` on loopback with the real runner binary
 //! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed;
 //! a `tools/call` whose params do not fit gets invalid params (-32602); a body sent too slowly
-//! is cut off with 408 and frees its user's request slot.
+//! is cut off with 408 and frees its user's request slot; the data folder is the user's alone;
+//! `/metrics` is served only on its own opt-in listener.
 
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::Parser;
@@ -204,5 +206,87 @@ async fn a_body_sent_too_slowly_is_cut_off_and_frees_the_users_slot() {
     }
     let (status, body) = post(&url, &list(), &[]).await;
     assert_eq!(status, 200, "the slots are free again: {body}");
+    gateway.shutdown().await.expect("shutdown");
+}
+
+/// Every entry under `dir` (not following links), `dir` first.
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut found = vec![dir.to_owned()];
+    let mut i = 0;
+    while i < found.len() {
+        if std::fs::symlink_metadata(&found[i]).expect("entry").is_dir() {
+            let mut children: Vec<PathBuf> =
+                std::fs::read_dir(&found[i]).expect("folder").map(|e| e.expect("entry").path()).collect();
+            children.sort();
+            found.extend(children);
+        }
+        i += 1;
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_data_folder_and_every_file_in_it_are_private_to_the_user() {
+    let tools = echo_tools();
+    let base = TempDir::new("local-http-private");
+    let data = base.path().join("data");
+    std::fs::create_dir(&data).expect("test setup");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("test setup");
+
+    let gateway = start(tools.path(), &data, &[]).await;
+    let (status, body) = post(&gateway.mcp_url(), &call_echo(), &[]).await;
+    assert!(status == 200 && body.contains("\"echo\""), "the call ran: {status} {body}");
+    gateway.shutdown().await.expect("shutdown");
+
+    let entries = tree(&data);
+    assert!(entries.iter().any(|p| p.ends_with("result.json")), "the call's files are there: {entries:?}");
+    for path in entries {
+        let meta = std::fs::symlink_metadata(&path).expect("entry");
+        let (mode, want) = (meta.mode() & 0o777, if meta.is_dir() { 0o700 } else { 0o600 });
+        assert_eq!(mode, want, "{} has mode {mode:o}", path.display());
+    }
+
+    if nix::unistd::geteuid().is_root() {
+        // A folder of another user (a shared or planted one) is refused, not used.
+        std::os::unix::fs::chown(&data, Some(4242), Some(4242)).expect("test setup");
+        let args = Cli::try_parse_from([
+            "local",
+            tools.path().to_str().expect("utf-8"),
+            "--data-dir",
+            data.to_str().expect("utf-8"),
+            "--runner",
+            local::binary("toolyard-runner").to_str().expect("utf-8"),
+        ])
+        .expect("flags parse")
+        .local;
+        let e = toolyard_gateway::local::start(args).await.expect_err("another user's folder").to_string();
+        assert!(e.contains("belongs to user id 4242"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn metrics_are_served_only_on_their_own_listener() {
+    let tools = echo_tools();
+    let data = TempDir::new("local-http-metrics");
+    let http = reqwest::Client::new();
+
+    let gateway = start(tools.path(), data.path(), &[]).await;
+    assert_eq!(gateway.metrics_addr, None, "no metrics listener unless asked for");
+    let base = format!("http://{}", gateway.addr);
+    let metrics = http.get(format!("{base}/metrics")).send().await.expect("request");
+    assert_eq!(metrics.status(), 404, "no unauthenticated metrics on the MCP listener");
+    let with_token = http.get(format!("{base}/metrics")).bearer_auth(TOKEN).send().await.expect("request");
+    assert_eq!(with_token.status(), 404);
+    assert_eq!(http.get(format!("{base}/healthz")).send().await.expect("request").status(), 200);
+    gateway.shutdown().await.expect("shutdown");
+
+    let gateway = start(tools.path(), data.path(), &["--metrics-listen", "127.0.0.1:0"]).await;
+    let ops = gateway.metrics_addr.expect("the metrics listener");
+    let (status, _) = post(&gateway.mcp_url(), &call_echo(), &[]).await;
+    assert_eq!(status, 200);
+    let text = http.get(format!("http://{ops}/metrics")).send().await.expect("request").text().await.expect("text");
+    assert!(text.contains("toolyard_gateway_tool_calls_total{tool=\"echo\""), "{text}");
+    let public = http.get(format!("http://{}/metrics", gateway.addr)).send().await.expect("request");
+    assert_eq!(public.status(), 404, "still not on the MCP listener");
     gateway.shutdown().await.expect("shutdown");
 }

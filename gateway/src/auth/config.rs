@@ -81,6 +81,11 @@ pub struct AuthArgs {
     /// How long an accepted Kubernetes token's identity is cached.
     #[arg(long, env = "TOOLYARD_TOKENREVIEW_CACHE_SECONDS", default_value_t = 60)]
     pub tokenreview_cache_seconds: u64,
+    /// Also send tokens that are not JWTs to TokenReview (clusters with a static token file, or
+    /// a webhook authenticator with opaque tokens). Off: only JWTs, the shape of ServiceAccount
+    /// tokens, are reviewed; other tokens are refused without asking the apiserver.
+    #[arg(long, env = "TOOLYARD_TOKENREVIEW_OPAQUE_TOKENS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub tokenreview_opaque_tokens: bool,
 
     /// Let requests without credentials in as --anonymous-user. Off by default; meant for loopback.
     #[arg(long, env = "TOOLYARD_ANONYMOUS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -197,6 +202,7 @@ impl AuthArgs {
             let settings = TokenReviewSettings {
                 audience: self.tokenreview_audience.clone(),
                 positive_ttl: Duration::from_secs(self.tokenreview_cache_seconds),
+                opaque_tokens: self.tokenreview_opaque_tokens,
                 ..TokenReviewSettings::default()
             };
             authenticators.push(Arc::new(TokenReviewAuthenticator::new(client, settings)));

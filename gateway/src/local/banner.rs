@@ -17,6 +17,9 @@ pub fn text(gateway: &LocalGateway) -> String {
     let _ = writeln!(out, "  MCP URL:  {url}");
     let _ = writeln!(out, "  Token:    {token}   (send it as `Authorization: Bearer <token>`)");
     let _ = writeln!(out, "  Data:     {}", gateway.data_dir.display());
+    if let Some(metrics) = gateway.metrics_addr {
+        let _ = writeln!(out, "  Metrics:  http://{metrics}/metrics   (no authentication)");
+    }
     let mut toolsets: Vec<&str> = tools.iter().filter_map(|t| t.tool.spec.toolset.as_deref()).collect();
     toolsets.sort_unstable();
     toolsets.dedup();

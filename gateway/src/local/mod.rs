@@ -8,6 +8,9 @@
 //! whose model calls the gateway forwards ([`crate::model`]) to the profiles of
 //! `--model-profiles`, or to one profile from `TOOLYARD_MODEL_BASE_URL`, `TOOLYARD_MODEL` and
 //! `TOOLYARD_MODEL_API_KEY` (only tasks need them; the key stays in the gateway).
+//!
+//! `/metrics` is never served on the MCP listener: the metrics name tools and users and have no
+//! authentication, so they get a listener of their own, only with `--metrics-listen`.
 
 mod banner;
 pub mod setup;
@@ -88,6 +91,11 @@ pub struct LocalArgs {
     /// Requests with any other `Origin` get 403; requests without one pass.
     #[arg(long, env = "TOOLYARD_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Address of a separate listener for `/metrics` (Prometheus), e.g. `127.0.0.1:9464`. Off by
+    /// default: metrics name tools and users and are served without authentication, so they
+    /// are never on the MCP listener. Keep it on loopback.
+    #[arg(long, env = "TOOLYARD_METRICS_LISTEN", value_name = "ADDR:PORT")]
+    pub metrics_listen: Option<String>,
     /// Seconds a client has to send a request's body, counted from the end of its headers; a
     /// body still arriving after it gets 408.
     #[arg(long, env = "TOOLYARD_BODY_READ_TIMEOUT_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
@@ -105,6 +113,8 @@ pub struct LocalArgs {
 pub struct LocalGateway {
     /// Address of the MCP endpoint.
     pub addr: SocketAddr,
+    /// Address of the `/metrics` listener (`--metrics-listen`), if any.
+    pub metrics_addr: Option<SocketAddr>,
     /// The bearer token of the local user.
     pub token: String,
     /// The data folder.
@@ -178,16 +188,13 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let store = FsStore::new(&data_dir).with_context(|| format!("data folder {}", data_dir.display()))?;
     let store = Arc::new(store.with_durability(Durability::Buffered));
 
-    let public_socket = std::net::TcpListener::bind(&args.listen).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
-            "cannot listen on {}: the port is already in use (another toolyard-gateway, or another program). \
-             Stop it or choose another address with --listen 127.0.0.1:PORT",
-            args.listen
-        ),
-        _ => anyhow::anyhow!("cannot listen on {}: {e}", args.listen),
-    })?;
-    public_socket.set_nonblocking(true)?;
+    let public_socket = listen(&args.listen, "--listen")?;
     let addr = public_socket.local_addr()?;
+    let metrics_socket = match args.metrics_listen.as_deref().map(str::trim).filter(|a| !a.is_empty()) {
+        Some(metrics_addr) => Some(listen(metrics_addr, "--metrics-listen")?),
+        None => None,
+    };
+    let metrics_addr = metrics_socket.as_ref().map(std::net::TcpListener::local_addr).transpose()?;
     let internal_socket = std::net::TcpListener::bind("127.0.0.1:0").context("binding the internal listener")?;
     internal_socket.set_nonblocking(true)?;
     let internal_url = format!("http://{}", internal_socket.local_addr()?);
@@ -246,6 +253,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let settings = Settings {
         allowed_hosts,
         allowed_origins: crate::serve::allowed_origins(&args.allowed_origins),
+        metrics_on_public: false,
         ..Settings::default()
     };
     let tokens = ShutdownTokens::default();
@@ -262,12 +270,17 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         signing_key: key,
         auth,
     };
-    let Assembled { public, internal, .. } = assemble(backends, settings, InternalLimits::default(), metrics, &tokens);
+    let Assembled { state, public, internal } =
+        assemble(backends, settings, InternalLimits::default(), metrics, &tokens);
 
-    let listeners = vec![
+    let mut listeners = vec![
         Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },
         Listener { name: "internal", socket: internal_socket, router: internal, tls: None, drain: Drain::Last },
     ];
+    if let Some(socket) = metrics_socket {
+        let router = crate::app::ops_router(state);
+        listeners.push(Listener { name: "metrics", socket, router, tls: None, drain: Drain::Last });
+    }
     let server = ServerSettings {
         shutdown_grace: Duration::from_secs(5),
         body_read_timeout: Duration::from_secs(args.body_read_timeout_seconds),
@@ -280,7 +293,20 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         result
     });
     wait_healthy(addr).await?;
-    Ok(LocalGateway { addr, token, data_dir, catalog, pools, tokens, background, served, _lock: lock })
+    Ok(LocalGateway { addr, metrics_addr, token, data_dir, catalog, pools, tokens, background, served, _lock: lock })
+}
+
+/// A non-blocking listener on `addr`, with errors that name `flag`.
+fn listen(addr: &str, flag: &str) -> anyhow::Result<std::net::TcpListener> {
+    let socket = std::net::TcpListener::bind(addr).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => anyhow::anyhow!(
+            "cannot listen on {addr}: the port is already in use (another toolyard-gateway, or another program). \
+             Stop it or choose another address with {flag} 127.0.0.1:PORT"
+        ),
+        _ => anyhow::anyhow!("cannot listen on {addr}: {e}"),
+    })?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
 }
 
 /// The policy without `--policy`: the local user may do everything.

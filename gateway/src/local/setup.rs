@@ -1,7 +1,9 @@
 //! What the local mode checks and finds before it starts: the runner binary, the Python
-//! interpreter and the bundled `toolyard` package, and the data folder's lock.
+//! interpreter and the bundled `toolyard` package, and the data folder (private to the user)
+//! with its lock.
 
 use std::collections::HashMap;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -165,15 +167,16 @@ pub struct DataDirLock {
 }
 
 impl DataDirLock {
-    /// Creates the folder and locks `<dir>/.lock`; a second gateway on the same folder gets
-    /// a clear error instead of sharing it.
+    /// Makes the folder private ([`private_folder`]) and locks `<dir>/.lock`; a second gateway
+    /// on the same folder gets a clear error instead of sharing it.
     pub fn acquire(dir: &Path) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating the data folder {}", dir.display()))?;
+        private_folder(dir)?;
         let path = dir.join(".lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
+            .mode(0o600)
             .open(&path)
             .with_context(|| format!("opening the lock file {}", path.display()))?;
         match file.try_lock() {
@@ -189,6 +192,34 @@ impl DataDirLock {
     }
 }
 
+/// Makes the data folder one only its owner can enter: created with mode 0700 (missing parents
+/// too), an existing one that others may read or enter tightened to 0700. A folder that belongs
+/// to another user is refused: its owner could read every call's arguments and results.
+pub fn private_folder(dir: &Path) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating the data folder {}", dir.display()))?;
+    let meta = std::fs::metadata(dir).with_context(|| format!("reading the data folder {}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        bail!(
+            "the data folder {} belongs to user id {}, not to you (user id {me}), so it is not private to you; \
+             choose a folder of your own with --data-dir",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("making the data folder {} private (mode 700)", dir.display()))?;
+        tracing::warn!(folder = %dir.display(), was = %format!("{mode:o}"), "the data folder was open to other users; its mode is now 700");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +233,31 @@ mod tests {
         drop(first);
         assert!(DataDirLock::acquire(&dir).is_ok(), "the lock is released with its holder");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_data_folder_is_made_private_and_another_users_folder_is_refused() {
+        let base = std::env::temp_dir().join(format!("toolyard-private-test-{}", std::process::id()));
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        let created = base.join("new/data");
+        let _lock = DataDirLock::acquire(&created).unwrap();
+        assert_eq!((mode(&created), mode(&base.join("new"))), (0o700, 0o700), "created private, parents too");
+        assert_eq!(mode(&created.join(".lock")), 0o600);
+
+        let open = base.join("open");
+        std::fs::create_dir_all(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_folder(&open).unwrap();
+        assert_eq!(mode(&open), 0o700, "an existing folder others could read is tightened");
+
+        if nix::unistd::geteuid().is_root() {
+            let foreign = base.join("foreign");
+            std::fs::create_dir_all(&foreign).unwrap();
+            std::os::unix::fs::chown(&foreign, Some(4242), Some(4242)).unwrap();
+            let e = private_folder(&foreign).unwrap_err().to_string();
+            assert!(e.contains("belongs to user id 4242") && e.contains("--data-dir"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     #[test]

@@ -14,13 +14,21 @@
 //!
 //! Request ids are chosen by clients, so two concurrent clients of the same user may use the
 //! same id; a cancellation then stops both calls. Calls of other users are never touched.
+//!
+//! Asking the executor costs apiserver requests on Kubernetes (a list, then patches), so at
+//! most [`MAX_EXECUTOR_CANCELS`] such requests run at once on a replica; a cancellation that
+//! arrives while they are busy still stops the calls waited on here, and the rest of it is
+//! dropped with a debug log. Cancellation is advisory in MCP: a client flooding the gateway
+//! with them cannot multiply the load on the apiserver.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use toolyard_api::OwnerKey;
 
@@ -37,11 +45,27 @@ pub fn cancel_key(owner: &OwnerKey, request_id: &Value) -> String {
     hex::encode(&hasher.finalize()[..16])
 }
 
-/// Calls waited on by this process, by cancel key.
-#[derive(Debug, Default)]
+/// Most cancellations handed to the executor at once ([`Executor::cancel_by_key`]).
+///
+/// [`Executor::cancel_by_key`]: crate::executor::Executor::cancel_by_key
+pub const MAX_EXECUTOR_CANCELS: usize = 4;
+
+/// Calls waited on by this process, by cancel key, and the bound on executor cancellations.
+#[derive(Debug)]
 pub struct CancelRegistry {
     calls: Mutex<HashMap<String, Vec<(u64, CancellationToken)>>>,
     next: AtomicU64,
+    executor_cancels: Arc<Semaphore>,
+}
+
+impl Default for CancelRegistry {
+    fn default() -> Self {
+        Self {
+            calls: Mutex::default(),
+            next: AtomicU64::new(0),
+            executor_cancels: Arc::new(Semaphore::new(MAX_EXECUTOR_CANCELS)),
+        }
+    }
 }
 
 /// Removes a registration when the call ends.
@@ -91,6 +115,17 @@ impl CancelRegistry {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Runs `work` in a task of its own if fewer than [`MAX_EXECUTOR_CANCELS`] such tasks run;
+    /// otherwise drops it and returns false.
+    fn spawn_bounded(&self, work: impl Future<Output = ()> + Send + 'static) -> bool {
+        let Ok(permit) = Arc::clone(&self.executor_cancels).try_acquire_owned() else { return false };
+        tokio::spawn(async move {
+            work.await;
+            drop(permit);
+        });
+        true
+    }
 }
 
 /// The request id a JSON-RPC `notifications/cancelled` body names, if that is what it is.
@@ -104,19 +139,29 @@ pub fn cancelled_request_id(body: &[u8]) -> Option<Value> {
 }
 
 /// Handles a `notifications/cancelled` from `who` for `request_id`: cancels the calls this
-/// process waits on, then asks the executor to cancel runs started elsewhere.
-pub async fn on_cancelled(state: &AppState, who: &Identity, request_id: &Value) {
+/// process waits on at once, then, in a task of its own and only while fewer than
+/// [`MAX_EXECUTOR_CANCELS`] run, asks the executor to cancel runs started elsewhere.
+pub fn on_cancelled(state: &AppState, who: &Identity, request_id: &Value) {
     let owner = who.owner_key();
     let key = cancel_key(&owner, request_id);
     let here = state.cancels.cancel(&key);
-    let elsewhere = match state.executor.cancel_by_key(&owner, &key).await {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::warn!(error = %e, "cancelling runs by request failed");
-            0
-        }
-    };
-    tracing::info!(here, elsewhere, "notifications/cancelled handled");
+    let executor = Arc::clone(&state.executor);
+    let asked = state.cancels.spawn_bounded(async move {
+        let elsewhere = match executor.cancel_by_key(&owner, &key).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "cancelling runs by request failed");
+                0
+            }
+        };
+        tracing::info!(here, elsewhere, "notifications/cancelled handled");
+    });
+    if !asked {
+        tracing::debug!(
+            here,
+            "notifications/cancelled: too many cancellations in flight, only calls waited on here were cancelled"
+        );
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +209,93 @@ mod tests {
         }
         assert!(token.is_cancelled());
         assert!(registry.is_empty());
+    }
+
+    /// An executor whose `cancel_by_key` waits until `gate` opens, counting calls and the most
+    /// at once.
+    #[derive(Default)]
+    struct SlowCancels {
+        gate: tokio::sync::watch::Sender<bool>,
+        calls: std::sync::atomic::AtomicUsize,
+        running: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::executor::Executor for SlowCancels {
+        async fn call(&self, _: crate::executor::CallRequest) -> crate::Result<toolyard_api::protocol::CallResult> {
+            Err(crate::Error::Internal("not used".into()))
+        }
+
+        async fn cancel_by_key(&self, _: &OwnerKey, _: &str) -> crate::Result<usize> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            let _ = self.gate.subscribe().wait_for(|open| *open).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            Ok(0)
+        }
+    }
+
+    struct NoTools(tokio::sync::watch::Sender<u64>);
+
+    impl crate::catalog::ToolCatalog for NoTools {
+        fn tools(&self) -> Vec<Arc<crate::catalog::Tool>> {
+            Vec::new()
+        }
+        fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+            self.0.subscribe()
+        }
+        fn is_synced(&self) -> bool {
+            true
+        }
+    }
+
+    /// Waits (letting the spawned tasks run) until `done` holds; a bound for a hang only.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let wait = async {
+            while !done() {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait).await.unwrap_or_else(|_| panic!("{what}"));
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_cancellations_asks_the_executor_a_bounded_number_of_times_at_once() {
+        let executor = Arc::new(SlowCancels::default());
+        let dir = std::env::temp_dir().join(format!("toolyard-cancel-flood-{}", std::process::id()));
+        let state = AppState::new(
+            Arc::new(NoTools(tokio::sync::watch::channel(0).0)),
+            executor.clone(),
+            Arc::new(crate::store::fs::FsStore::new(&dir).unwrap()),
+            Arc::new(crate::authz::PolicyAuthorizer::deny_all()),
+            crate::state::Settings::default(),
+        );
+        let who = Identity { issuer: "apikey".into(), user: "alice".into(), groups: Vec::new(), scopes: Vec::new() };
+        let waited = CancellationToken::new();
+        let _registered = state.cancels.register(cancel_key(&who.owner_key(), &json!(999)), waited.clone());
+
+        for id in 0..1000 {
+            on_cancelled(&state, &who, &json!(id));
+        }
+        on_cancelled(&state, &who, &json!(999));
+        assert!(waited.is_cancelled(), "a call waited on here is cancelled even when the executor is busy");
+        until("the admitted cancellations reach the executor", || {
+            executor.running.load(Ordering::SeqCst) == MAX_EXECUTOR_CANCELS
+        })
+        .await;
+        assert_eq!(executor.calls.load(Ordering::SeqCst), MAX_EXECUTOR_CANCELS, "the rest were dropped");
+
+        executor.gate.send_replace(true);
+        until("the executor finishes", || state.cancels.executor_cancels.available_permits() == MAX_EXECUTOR_CANCELS)
+            .await;
+        on_cancelled(&state, &who, &json!("later"));
+        until("a later cancellation is asked again", || {
+            executor.calls.load(Ordering::SeqCst) == MAX_EXECUTOR_CANCELS + 1
+        })
+        .await;
+        assert_eq!(executor.most.load(Ordering::SeqCst), MAX_EXECUTOR_CANCELS, "never more at once");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

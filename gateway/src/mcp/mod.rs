@@ -94,10 +94,9 @@ impl McpService {
             return direct.serve(&self.handler, parts, &self.stop).await;
         }
         if let Some(request_id) = cancel::cancelled_request_id(&body)
-            && let Some(who) = parts.extensions.get::<Identity>().cloned()
+            && let Some(who) = parts.extensions.get::<Identity>()
         {
-            let state = self.handler.state().clone();
-            tokio::spawn(async move { cancel::on_cancelled(&state, &who, &request_id).await });
+            cancel::on_cancelled(self.handler.state(), who, &request_id);
         }
         self.rmcp.handle(Request::from_parts(parts, Body::from(body))).await.map(Body::new)
     }

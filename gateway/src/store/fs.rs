@@ -8,6 +8,9 @@
 //! leaves the flush to the operating system: a file survives the gateway's own crash, not
 //! the machine's, and a write costs microseconds instead of a disk flush.
 //!
+//! Folders are created with mode 0700 and files with mode 0600: only the gateway's user reads
+//! them.
+//!
 //! Symbolic links are never followed below the root: every component of a path is checked
 //! with `lstat`, and a link anywhere is refused, so nothing can read or write outside the
 //! root through a planted link.
@@ -16,6 +19,7 @@
 //! chain of asynchronous file operations that each hop to the blocking pool.
 
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -65,7 +69,7 @@ impl FsStore {
     /// The root itself may be a symbolic link (it is resolved once, here); nothing below it may.
     pub fn new(root: impl AsRef<Path>) -> Result<Self> {
         let root = root.as_ref();
-        std::fs::create_dir_all(root).map_err(|e| io_error("creating the storage folder", root, e))?;
+        create_private_dirs(root).map_err(|e| io_error("creating the storage folder", root, e))?;
         let root = root.canonicalize().map_err(|e| io_error("resolving the storage folder", root, e))?;
         Ok(Self { inner: Arc::new(Inner { root, durability: Durability::Synced }) })
     }
@@ -144,7 +148,7 @@ impl Inner {
         let target = self.checked_path(key)?;
         let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
         if !parent.is_dir() {
-            std::fs::create_dir_all(parent).map_err(|e| io_error("creating", parent, e))?;
+            create_private_dirs(parent).map_err(|e| io_error("creating", parent, e))?;
             // The folders were created just now: check again that none is a link.
             self.checked_path(key)?;
         }
@@ -158,7 +162,7 @@ impl Inner {
         let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
         let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
         let write = || {
-            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
             file.write_all(bytes)?;
             if self.durability == Durability::Synced {
                 file.sync_data()?;
@@ -255,6 +259,11 @@ impl Inner {
     }
 }
 
+/// Creates `dir` and its missing parents with mode 0700.
+fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+}
+
 /// Whether `path` exists, refusing a symbolic link there (`key` names it in the error).
 fn exists_unlinked(path: &Path, key: &str) -> Result<bool> {
     match std::fs::symlink_metadata(path) {
@@ -345,6 +354,27 @@ mod tests {
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .collect();
             assert_eq!(names, ["input.json"], "no temporary file is left behind");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn folders_and_files_are_private_to_the_gateways_user() {
+        use std::os::unix::fs::MetadataExt;
+
+        let dir = std::env::temp_dir().join(format!("toolyard-fs-modes-{}", std::process::id()));
+        let store = FsStore::new(dir.join("root")).unwrap();
+        let owner = OwnerKey::derive("local", "dev");
+        store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{}")).await.unwrap();
+        store.put_all(&owner, vec![("tasks/t1/result.json".into(), Bytes::from_static(b"{}"))]).await.unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        let root = store.root();
+        assert_eq!(mode(root), 0o700);
+        for folder in ["owners", &format!("owners/{owner}"), &format!("owners/{owner}/calls/c1")] {
+            assert_eq!(mode(&root.join(folder)), 0o700, "{folder}");
+        }
+        for file in ["calls/c1/input.json", "tasks/t1/result.json"] {
+            assert_eq!(mode(&root.join(format!("owners/{owner}/{file}"))), 0o600, "{file}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }

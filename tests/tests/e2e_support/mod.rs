@@ -233,6 +233,7 @@ impl Platform {
             "--tokenreview",
             "--tokenreview-audience",
             "toolyard",
+            "--tokenreview-opaque-tokens",
             "--call-grace-seconds",
             "5",
         ]

@@ -375,7 +375,9 @@ impl Gateway {
             background.clone(),
         );
         let authorizer = SarAuthorizer::new(client.clone(), SarSettings::default(), AuthzMetrics::default());
-        let auth_args = auth_args(&["--tokenreview", "--tokenreview-audience", "toolyard"]);
+        // The test cluster's users hold static (opaque) tokens.
+        let auth_args =
+            auth_args(&["--tokenreview", "--tokenreview-audience", "toolyard", "--tokenreview-opaque-tokens"]);
         let auth = auth_args
             .build(AuthContext {
                 kube: Some(client.clone()),
