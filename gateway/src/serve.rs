@@ -289,6 +289,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         authz_metrics.register(r);
         auth_metrics.register(r);
     });
+    args.authz.check_issuers(&args.auth.oidc_issuers)?;
     let authorizer = args.authz.build(Some(client.clone()), authz_metrics)?;
     let models = args.models.build(&metrics)?;
     let auth = args

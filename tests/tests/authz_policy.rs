@@ -45,10 +45,13 @@ rules:
     tools: ["*"]
     codingTasks: true
   - groups: [quants]
+    issuers: [https://idp.example.com]
     tools: [price_option, calc-greeks]
   - groups: [ops]
+    issuers: [kubernetes]
     codingTasks: true
   - users: ["*"]
+    issuers: ["*"]
     tools: [get_quote]
 "#;
 
@@ -70,9 +73,13 @@ async fn the_policy_file_grants_exactly_what_it_lists() {
     let quant = who("https://idp.example.com", "quinn", &["quants"]);
     let bob = who("kubernetes", "bob", &["ops"]);
     let anon = who("anonymous", "anonymous", &["system:unauthenticated"]);
+    // Rules name their issuers: alice of an identity provider is not the API key user alice,
+    // and the quants group of another provider is not the one granted.
+    let other_alice = who("https://other.example.com", "alice", &["quants"]);
 
     let matrix = [
         (&alice, [true, true, true, true], true),
+        (&other_alice, [false, false, true, false], false),
         (&quant, [true, true, true, false], false),
         (&bob, [false, false, true, false], true),
         (&anon, [false, false, false, false], false),
@@ -115,6 +122,7 @@ async fn malformed_policies_are_refused_with_file_and_field() {
         ("pattern.yaml", "rules:\n  - users: [a]\n    tools: ['price_*']\n", "rules[0].tools[0]"),
         ("bad-bool.yaml", "rules:\n  - users: [a]\n    codingTasks: sometimes\n", "codingTasks"),
         ("not-a-list.yaml", "rules:\n  users: [a]\n", "rules"),
+        ("no-issuers.yaml", "rules:\n  - users: [a]\n    issuers: []\n    tools: [x]\n", "rules[0].issuers"),
     ];
     for (name, text, needle) in cases {
         let path = dir.join(name);

@@ -31,3 +31,14 @@ namespace and never touches Jobs or pods.
 {{- define "toolyard.gateway.modelKeys" -}}
 {{- range .Values.model.profiles }}{{ if .apiKeySecret }}yes{{ end }}{{ end }}
 {{- end }}
+
+{{/*
+OIDC issuer prefixes as ISSUER=PREFIX,... (sorted by issuer) for TOOLYARD_AUTHZ_OIDC_ISSUER_PREFIXES.
+*/}}
+{{- define "toolyard.issuerPrefixes" -}}
+{{- $entries := list -}}
+{{- range $issuer, $prefix := . -}}
+{{- $entries = append $entries (printf "%s=%s" $issuer $prefix) -}}
+{{- end -}}
+{{- join "," $entries -}}
+{{- end }}

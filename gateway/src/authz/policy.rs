@@ -3,13 +3,16 @@
 //! ```yaml
 //! rules:
 //!   - users: [alice]        # and/or groups: [quants]; "*" = every authenticated identity
+//!     issuers: [apikey]     # whose identities: apikey (the default), kubernetes, an OIDC
+//!                           # issuer URL, anonymous; "*" = any issuer
 //!     tools: ["*"]          # MCP tool names or McpTool object names; "*" = all
 //!     codingTasks: true     # may start coding tasks (default false)
 //!     modelProfiles: [default]  # with codingTasks: the model profiles its tasks may use
 //!                           # (default: every profile)
 //! ```
 //!
-//! A rule applies to an identity named in `users` or belonging to one of `groups`; it
+//! A rule applies to an identity of one of its `issuers` named in `users` or belonging to one
+//! of `groups` (so `alice` of an identity provider is never the API key user `alice`); it
 //! grants the listed tools and, with `codingTasks: true`, coding tasks with the listed model
 //! profiles. Default deny: an
 //! empty file or rule list denies everything. `"*"` does not cover the anonymous identity
@@ -72,11 +75,39 @@ struct RawRule {
     #[serde(default)]
     groups: Vec<String>,
     #[serde(default)]
+    issuers: Option<Vec<String>>,
+    #[serde(default)]
     tools: Vec<String>,
     #[serde(default)]
     coding_tasks: bool,
     #[serde(default)]
     model_profiles: Option<Vec<String>>,
+}
+
+/// The issuer a rule's identities have when it names none: API keys (the local mode's
+/// token is one).
+const DEFAULT_ISSUER: &str = crate::auth::apikey::ISSUER;
+
+/// Issuer names: `"*"` or names without spaces (an OIDC issuer is its URL).
+fn issuer_names(
+    list: Vec<String>,
+    at: &str,
+    field: &impl Fn(String, &str) -> PolicyError,
+) -> Result<Names, PolicyError> {
+    let mut out = Names::default();
+    for (j, name) in list.into_iter().enumerate() {
+        if name == "*" {
+            out.all = true;
+        } else if name.is_empty() || name.chars().any(char::is_whitespace) {
+            return Err(field(
+                format!("{at}[{j}]"),
+                "an issuer is apikey, kubernetes, anonymous or an OIDC issuer URL",
+            ));
+        } else {
+            out.names.push(name);
+        }
+    }
+    Ok(out)
 }
 
 /// A "*"-or-names matcher.
@@ -96,6 +127,7 @@ impl Names {
 struct Rule {
     users: Names,
     groups: Names,
+    issuers: Names,
     tools: Names,
     coding_tasks: bool,
     /// `None`: every profile.
@@ -104,6 +136,9 @@ struct Rule {
 
 impl Rule {
     fn applies_to(&self, who: &Identity) -> bool {
+        if !(self.issuers.all || self.issuers.contains(&who.issuer)) {
+            return false;
+        }
         let authenticated = who.issuer != ANONYMOUS_ISSUER;
         ((self.users.all || self.groups.all) && authenticated)
             || self.users.contains(&who.user)
@@ -157,6 +192,13 @@ impl PolicyAuthorizer {
             }
             let users = names(r.users, &format!("rules[{i}].users"), &field)?;
             let groups = names(r.groups, &format!("rules[{i}].groups"), &field)?;
+            let issuers = match r.issuers {
+                Some(list) if list.is_empty() => {
+                    return Err(field(format!("rules[{i}].issuers"), "name at least one issuer (\"*\" = any)"));
+                }
+                Some(list) => issuer_names(list, &format!("rules[{i}].issuers"), &field)?,
+                None => Names { all: false, names: vec![DEFAULT_ISSUER.to_owned()] },
+            };
             let tools = names(r.tools, &format!("rules[{i}].tools"), &field)?;
             if r.model_profiles.is_some() && !r.coding_tasks {
                 return Err(field(
@@ -168,7 +210,7 @@ impl PolicyAuthorizer {
                 Some(list) => Some(names(list, &format!("rules[{i}].modelProfiles"), &field)?),
                 None => None,
             };
-            rules.push(Rule { users, groups, tools, coding_tasks: r.coding_tasks, model_profiles });
+            rules.push(Rule { users, groups, issuers, tools, coding_tasks: r.coding_tasks, model_profiles });
         }
         Ok(Self { rules, metrics: AuthzMetrics::default() })
     }

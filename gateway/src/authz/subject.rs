@@ -4,13 +4,17 @@
 //! |---|---|---|
 //! | `kubernetes` (TokenReview) | as Kubernetes named it | as Kubernetes named them (incl. `system:authenticated`) |
 //! | `apikey` | `<apikey_user_prefix><user>` (prefix empty by default) | `<apikey_group_prefix><group>` + `system:authenticated` |
-//! | an OIDC issuer URL | `<oidc_user_prefix><user>` (`oidc:` by default) | `<oidc_group_prefix><group>` (`oidc:`) + `system:authenticated` |
+//! | an OIDC issuer URL | `<oidc_user_prefix><user>` (`oidc:` by default), or `<issuer's prefix><user>` | `<oidc_group_prefix><group>` (`oidc:`), or `<issuer's prefix><group>`; + `system:authenticated` |
 //! | `anonymous`, `local` | as configured | as configured |
 //!
 //! The OIDC prefixes keep a user of an outside identity provider from ever being reviewed
 //! as a Kubernetes user or group such as `system:masters`: bind RBAC to `oidc:alice` or
-//! `oidc:quants`. API keys are written by the gateway's operator, so by default their
-//! users are reviewed under their own names.
+//! `oidc:quants`. With several OIDC issuers, each has a prefix of its own
+//! ([`SubjectMapping::oidc_issuer_prefixes`]), so that `alice` of one identity provider is
+//! never taken for `alice` of another. API keys are written by the gateway's operator, so by
+//! default their users are reviewed under their own names.
+
+use std::collections::BTreeMap;
 
 use crate::auth::{apikey, chain, tokenreview};
 use crate::identity::Identity;
@@ -29,6 +33,9 @@ pub struct SubjectMapping {
     pub apikey_user_prefix: String,
     /// Prefix of API-key groups.
     pub apikey_group_prefix: String,
+    /// Prefix of the users and groups of one OIDC issuer (by issuer URL), instead of the
+    /// OIDC prefixes above.
+    pub oidc_issuer_prefixes: BTreeMap<String, String>,
 }
 
 impl Default for SubjectMapping {
@@ -38,6 +45,7 @@ impl Default for SubjectMapping {
             oidc_group_prefix: "oidc:".into(),
             apikey_user_prefix: String::new(),
             apikey_group_prefix: String::new(),
+            oidc_issuer_prefixes: BTreeMap::new(),
         }
     }
 }
@@ -57,7 +65,10 @@ impl SubjectMapping {
         let (user_prefix, group_prefix, authenticated) = match identity.issuer.as_str() {
             tokenreview::ISSUER | chain::ANONYMOUS_ISSUER | "local" => ("", "", false),
             apikey::ISSUER => (self.apikey_user_prefix.as_str(), self.apikey_group_prefix.as_str(), true),
-            _ => (self.oidc_user_prefix.as_str(), self.oidc_group_prefix.as_str(), true),
+            issuer => match self.oidc_issuer_prefixes.get(issuer) {
+                Some(prefix) => (prefix.as_str(), prefix.as_str(), true),
+                None => (self.oidc_user_prefix.as_str(), self.oidc_group_prefix.as_str(), true),
+            },
         };
         let mut groups: Vec<String> = identity.groups.iter().map(|g| format!("{group_prefix}{g}")).collect();
         if authenticated {
@@ -99,5 +110,25 @@ mod tests {
         assert_eq!(o.groups, vec!["oidc:system:masters", "system:authenticated"]);
         let anon = m.subject(&id("anonymous", "anonymous", &["system:unauthenticated"]));
         assert_eq!(anon.groups, vec!["system:unauthenticated"]);
+    }
+
+    #[test]
+    fn each_oidc_issuer_can_have_its_own_prefix() {
+        let m = SubjectMapping {
+            oidc_issuer_prefixes: BTreeMap::from([
+                ("https://a.example".to_owned(), "a:".to_owned()),
+                ("https://b.example".to_owned(), "b:".to_owned()),
+            ]),
+            ..SubjectMapping::default()
+        };
+        let a = m.subject(&id("https://a.example", "alice", &["quants"]));
+        let b = m.subject(&id("https://b.example", "alice", &["quants"]));
+        assert_eq!(
+            (a.user.as_str(), a.groups.clone()),
+            ("a:alice", vec!["a:quants".into(), AUTHENTICATED_GROUP.into()])
+        );
+        assert_eq!(b.user, "b:alice");
+        assert_ne!(a, b, "the same name at two identity providers is two subjects");
+        assert_eq!(m.subject(&id("https://other.example", "alice", &[])).user, "oidc:alice");
     }
 }
