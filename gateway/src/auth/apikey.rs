@@ -267,35 +267,55 @@ impl ApiKeySource {
 /// [`ApiKeyAuthenticator::reload`]).
 pub const SETTLE: Duration = Duration::from_millis(200);
 
-/// Authenticates `ty_...` bearer tokens against configured key hashes.
+/// Authenticates `ty_...` bearer tokens against configured key hashes, from one or more
+/// sources (a file and a Secret, say): a key one source does not know is looked up in the
+/// next.
 pub struct ApiKeyAuthenticator {
+    sets: Vec<KeySet>,
+}
+
+/// The keys of one source.
+struct KeySet {
     keys: RwLock<Arc<Vec<ApiKey>>>,
     source: Option<ApiKeySource>,
 }
 
 impl std::fmt::Debug for ApiKeyAuthenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ApiKeyAuthenticator")
-            .field("keys", &self.current().len())
-            .field("source", &self.source)
-            .finish()
+        let sources: Vec<String> = self
+            .sets
+            .iter()
+            .map(|s| s.source.as_ref().map_or_else(|| "fixed".into(), ApiKeySource::describe))
+            .collect();
+        f.debug_struct("ApiKeyAuthenticator").field("keys", &self.count()).field("sources", &sources).finish()
     }
 }
 
 impl ApiKeyAuthenticator {
     /// An authenticator with fixed keys (e.g. the generated key of local mode).
     pub fn from_keys(keys: Vec<ApiKey>) -> Self {
-        Self { keys: RwLock::new(Arc::new(keys)), source: None }
+        Self { sets: vec![KeySet { keys: RwLock::new(Arc::new(keys)), source: None }] }
     }
 
     /// Loads keys from `source`; [`Self::reload`] reads it again.
     pub async fn load(source: ApiKeySource) -> Result<Self, ApiKeyError> {
-        let keys = source.load().await?;
-        tracing::info!(source = %source.describe(), keys = keys.len(), "API keys loaded");
-        Ok(Self { keys: RwLock::new(Arc::new(keys)), source: Some(source) })
+        Self::load_all(vec![source]).await
     }
 
-    /// Reads the source again; on error the current keys stay. Returns whether they changed.
+    /// Loads keys from each of `sources`, consulted in this order; [`Self::reload`] reads
+    /// them again.
+    pub async fn load_all(sources: Vec<ApiKeySource>) -> Result<Self, ApiKeyError> {
+        let mut sets = Vec::with_capacity(sources.len());
+        for source in sources {
+            let keys = source.load().await?;
+            tracing::info!(source = %source.describe(), keys = keys.len(), "API keys loaded");
+            sets.push(KeySet { keys: RwLock::new(Arc::new(keys)), source: Some(source) });
+        }
+        Ok(Self { sets })
+    }
+
+    /// Reads every source again; a source that fails keeps its current keys (the others are
+    /// still read) and the first error is returned. Returns whether any keys changed.
     ///
     /// A file rewritten in place (truncated, then written) can be read half written, so a
     /// reload guards against taking such a read:
@@ -306,30 +326,24 @@ impl ApiKeyAuthenticator {
     ///   after the cut. One that changed in between is refused as an error; the next reload
     ///   reads it again.
     pub async fn reload(&self) -> Result<bool, ApiKeyError> {
-        self.reload_after(tokio::time::sleep(SETTLE)).await
+        let mut changed = false;
+        let mut first_error = None;
+        for set in &self.sets {
+            match set.reload_after(tokio::time::sleep(SETTLE)).await {
+                Ok(c) => changed |= c,
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(changed), Err)
     }
 
-    /// [`Self::reload`], awaiting `pause` between the two reads of a changed document.
+    /// [`Self::reload`] of a single-source authenticator, awaiting `pause` between the two
+    /// reads of a changed document.
+    #[cfg(test)]
     async fn reload_after(&self, pause: impl Future<Output = ()>) -> Result<bool, ApiKeyError> {
-        let Some(source) = &self.source else { return Ok(false) };
-        let text = source.read().await?;
-        if text.trim().is_empty() && !self.current().is_empty() {
-            return Err(ApiKeyError::Parse {
-                origin: source.describe(),
-                message: "is empty (a file being rewritten?); write `keys: []` to revoke every key".into(),
-            });
-        }
-        let keys = parse_keys(&text, &source.describe())?;
-        if *self.current() == keys {
-            return Ok(false);
-        }
-        pause.await;
-        if source.read().await? != text {
-            return Err(ApiKeyError::Changing { origin: source.describe() });
-        }
-        tracing::info!(source = %source.describe(), keys = keys.len(), "API keys reloaded");
-        *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
-        Ok(true)
+        self.sets[0].reload_after(pause).await
     }
 
     /// Reloads every `interval` until `shutdown`, logging (and keeping the old keys) on errors.
@@ -355,6 +369,35 @@ impl ApiKeyAuthenticator {
         })
     }
 
+    /// How many keys are in force, in all sources.
+    fn count(&self) -> usize {
+        self.sets.iter().map(|s| s.current().len()).sum()
+    }
+}
+
+impl KeySet {
+    async fn reload_after(&self, pause: impl Future<Output = ()>) -> Result<bool, ApiKeyError> {
+        let Some(source) = &self.source else { return Ok(false) };
+        let text = source.read().await?;
+        if text.trim().is_empty() && !self.current().is_empty() {
+            return Err(ApiKeyError::Parse {
+                origin: source.describe(),
+                message: "is empty (a file being rewritten?); write `keys: []` to revoke every key".into(),
+            });
+        }
+        let keys = parse_keys(&text, &source.describe())?;
+        if *self.current() == keys {
+            return Ok(false);
+        }
+        pause.await;
+        if source.read().await? != text {
+            return Err(ApiKeyError::Changing { origin: source.describe() });
+        }
+        tracing::info!(source = %source.describe(), keys = keys.len(), "API keys reloaded");
+        *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+        Ok(true)
+    }
+
     fn current(&self) -> Arc<Vec<ApiKey>> {
         Arc::clone(&self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
@@ -370,19 +413,24 @@ impl Authenticator for ApiKeyAuthenticator {
             use sha2::Digest;
             sha2::Sha256::digest(token.as_bytes()).into()
         };
-        let keys = self.current();
-        // Compare against every hash without branching on secrets; remember the match index.
+        // Every source's keys, in order: a key the first does not know is looked up in the next.
+        // Compare against every hash without branching on secrets; keep the first match.
+        let sets: Vec<Arc<Vec<ApiKey>>> = self.sets.iter().map(KeySet::current).collect();
         let mut found = subtle::Choice::from(0u8);
-        let mut index = 0u64;
-        for (i, key) in keys.iter().enumerate() {
-            let eq = key.hash.ct_eq(&presented);
-            index = u64::conditional_select(&index, &(i as u64), eq);
-            found |= eq;
+        let (mut set_index, mut key_index) = (0u64, 0u64);
+        for (s, keys) in sets.iter().enumerate() {
+            for (i, key) in keys.iter().enumerate() {
+                let first = key.hash.ct_eq(&presented) & !found;
+                set_index = u64::conditional_select(&set_index, &(s as u64), first);
+                key_index = u64::conditional_select(&key_index, &(i as u64), first);
+                found |= first;
+            }
         }
         if !bool::from(found) {
             return Err(AuthError::new(reason::INVALID, "unknown API key"));
         }
-        let key = &keys[usize::try_from(index).unwrap_or(usize::MAX).min(keys.len() - 1)];
+        let keys = &sets[usize::try_from(set_index).unwrap_or(0).min(sets.len() - 1)];
+        let key = &keys[usize::try_from(key_index).unwrap_or(usize::MAX).min(keys.len() - 1)];
         Ok(Some(Identity {
             issuer: ISSUER.to_owned(),
             user: key.user.clone(),
@@ -441,6 +489,32 @@ mod tests {
             assert!(err.starts_with("keys.yaml: "), "{err}");
             assert!(err.contains(field), "{err} should name {field}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_key_the_first_source_does_not_know_is_looked_up_in_the_second() {
+        let dir = std::env::temp_dir().join(format!("toolyard-apikey-sources-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let (alice_key, alice_hash) = generate_api_key();
+        let (bob_key, bob_hash) = generate_api_key();
+        let (first, second) = (dir.join("first.yaml"), dir.join("second.yaml"));
+        std::fs::write(&first, format!("keys:\n  - user: alice\n    sha256: {alice_hash}\n")).expect("write");
+        std::fs::write(&second, format!("keys:\n  - user: bob\n    sha256: {bob_hash}\n")).expect("write");
+        let auth =
+            ApiKeyAuthenticator::load_all(vec![ApiKeySource::File(first.clone()), ApiKeySource::File(second.clone())])
+                .await
+                .expect("keys");
+        assert_eq!(auth.authenticate(&alice_key).await.expect("ok").expect("first").user, "alice");
+        assert_eq!(auth.authenticate(&bob_key).await.expect("ok").expect("second").user, "bob");
+        let (unknown, _) = generate_api_key();
+        assert_eq!(auth.authenticate(&unknown).await.expect_err("in neither").reason, reason::INVALID);
+        // A source that fails to reload keeps its keys; the other is still read.
+        std::fs::write(&first, "keys: [oops").expect("write");
+        std::fs::write(&second, "keys: []\n").expect("write");
+        assert!(auth.reload().await.is_err(), "the first source's error is reported");
+        assert!(auth.authenticate(&alice_key).await.expect("ok").is_some(), "alice's source kept its keys");
+        assert!(auth.authenticate(&bob_key).await.is_err(), "bob's key was revoked by the second");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[tokio::test]

@@ -161,8 +161,10 @@ impl AuthArgs {
                 key: self.api_keys_secret_key.clone(),
             });
         }
-        for source in sources {
-            let keys = Arc::new(ApiKeyAuthenticator::load(source).await?);
+        if !sources.is_empty() {
+            // One authenticator over both sources: a key the file does not know is looked up
+            // in the Secret.
+            let keys = Arc::new(ApiKeyAuthenticator::load_all(sources).await?);
             if self.api_keys_reload_seconds > 0 {
                 keys.spawn_reload(Duration::from_secs(self.api_keys_reload_seconds), ctx.shutdown.clone());
             }
