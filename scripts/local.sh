@@ -4,7 +4,7 @@
 #
 # Usage: scripts/local.sh [DIR] [FLAGS...]     DIR defaults to examples/pricing
 #        PROFILE=release scripts/local.sh      optimized build (slower to build, faster calls)
-# FLAGS go to `toolyard-gateway local` (see `--help`): --listen, --token, --data-dir, --policy, ...
+# FLAGS go to `toolyard-gateway local` (see `--help`): --listen, --token-file, --data-dir, --policy, ...
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

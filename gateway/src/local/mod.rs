@@ -58,8 +58,12 @@ pub struct LocalArgs {
     pub listen: String,
     /// A fixed bearer token for the local user: `ty_` and at least 16 characters of
     /// A-Z a-z 0-9 - . _ ~ + /. By default a new one is generated and printed at each start.
-    #[arg(long, env = "TOOLYARD_LOCAL_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "TOOLYARD_LOCAL_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
     pub token: Option<String>,
+    /// A file holding the bearer token (kept off the command line, where `ps` shows it). If
+    /// the file does not exist, a new token is written to it (mode 600) for clients to read.
+    #[arg(long, env = "TOOLYARD_LOCAL_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
     /// User name the token authenticates (policy rules and the storage prefix use it).
     #[arg(long, env = "TOOLYARD_LOCAL_USER", default_value = "local")]
     pub user: String,
@@ -151,6 +155,27 @@ impl LocalGateway {
     }
 }
 
+/// The token in `path`, or a new one written there (readable by this user only) when the
+/// file does not exist.
+fn token_from_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read_to_string(path) {
+        Ok(text) => return Ok(text.trim().to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => bail!("cannot read the token file {}: {e}", path.display()),
+    }
+    let token = generate_api_key().0;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create the token file {}", path.display()))?;
+    writeln!(file, "{token}").with_context(|| format!("writing the token file {}", path.display()))?;
+    Ok(token)
+}
+
 /// A fixed token is an API key: `ty_` and at least 16 bearer-token characters.
 fn check_token(token: &str) -> anyhow::Result<()> {
     let rest = token.strip_prefix(API_KEY_PREFIX).unwrap_or_default();
@@ -171,7 +196,12 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         args.dir.canonicalize().with_context(|| format!("the tool folder {} does not exist", args.dir.display()))?;
     let catalog = Arc::new(LocalCatalog::load(&dir).map_err(|e| anyhow::anyhow!("{e}"))?);
     let tools = catalog.local_tools();
-    if let Some(token) = &args.token {
+    let fixed_token = match (&args.token, &args.token_file) {
+        (Some(token), _) => Some(token.clone()),
+        (None, Some(path)) => Some(token_from_file(path)?),
+        (None, None) => None,
+    };
+    if let Some(token) = &fixed_token {
         check_token(token)?;
     }
     let kill_grace =
@@ -237,7 +267,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     }
     .with_metrics(authz_metrics);
 
-    let token = args.token.clone().unwrap_or_else(|| generate_api_key().0);
+    let token = fixed_token.unwrap_or_else(|| generate_api_key().0);
     let key_entry = ApiKey::new(args.user.clone(), Vec::new(), &hash_api_key(&token)).map_err(anyhow::Error::msg)?;
     let chain =
         AuthChain::new(vec![Arc::new(ApiKeyAuthenticator::from_keys(vec![key_entry]))]).with_metrics(auth_metrics);
@@ -347,6 +377,15 @@ mod tests {
     #[test]
     fn fixed_tokens_must_be_api_keys_and_the_default_policy_parses() {
         assert!(check_token("ty_local-dev-token-0001").is_ok());
+        let dir = std::env::temp_dir().join(format!("toolyard-token-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        let made = token_from_file(&path).unwrap();
+        assert!(check_token(&made).is_ok(), "{made}");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(token_from_file(&path).unwrap(), made, "the file's token is read back");
+        std::fs::remove_dir_all(&dir).ok();
         for bad in ["local-dev-token-0001", "ty_short", "ty_has space in it ok", ""] {
             assert!(check_token(bad).is_err(), "{bad:?}");
         }
