@@ -101,10 +101,11 @@ impl Turn {
 #[derive(Default)]
 struct Inner {
     script: VecDeque<Turn>,
-    /// The last conversation answered with content, and its turn: the same conversation sent
-    /// again at once (the agent retrying after its request was lost, e.g. in a gateway
-    /// restart) gets the same answer, as a deterministic model would give, and takes no new
-    /// turn. Scripted errors are never repeated this way.
+    /// The last conversation given a held turn with content, and that turn: the same
+    /// conversation sent again (the agent retrying because its request was lost while the
+    /// turn was held, e.g. in a gateway restart) gets the same answer, as a deterministic model
+    /// would give, and takes no new turn. Only held turns are given again: another task sending
+    /// the same first messages gets its own turn.
     last_answered: Option<(Value, Turn)>,
     requests: Vec<Value>,
     arrivals: Vec<std::time::Instant>,
@@ -188,7 +189,9 @@ impl ScriptedModel {
 
     /// Appends turns to the script (for a server shared by several tasks run one after another).
     pub fn push(&self, turns: Vec<Turn>) {
-        self.inner.lock().expect("lock").script.extend(turns);
+        let mut inner = self.inner.lock().expect("lock");
+        inner.script.extend(turns);
+        inner.last_answered = None;
     }
 
     /// Turns not consumed yet.
@@ -233,7 +236,7 @@ async fn chat(State(state): State<AppState>, headers: HeaderMap, body: axum::bod
                 let turn = inner.script.pop_front();
                 inner.last_answered = turn
                     .as_ref()
-                    .filter(|t| matches!(t.reply, Reply::Content(_)))
+                    .filter(|t| t.hold.is_some() && matches!(t.reply, Reply::Content(_)))
                     .map(|t| (body["messages"].clone(), t.clone()));
                 turn
             }
