@@ -555,3 +555,57 @@ async fn a_coding_tasks_tool_calls_count_against_its_owners_limit() {
     assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"busy\"} 1"), "{metrics}");
     assert!(metrics.contains("toolyard_gateway_tool_calls_total{tool=\"held\",outcome=\"success\"} 2"), "{metrics}");
 }
+
+/// A task's artifacts are capped in number and in bytes; replacing one is always possible
+/// within the byte cap.
+#[tokio::test]
+async fn a_tasks_artifacts_are_capped_in_number_and_bytes() {
+    let ns = setup("gwartifacts", &[]).await;
+    let mut options = Options::default();
+    options.internal_limits.task_outputs = 2;
+    options.internal_limits.task_output_bytes = 100;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let owner = toolyard_api::Owner { issuer: "apikey".into(), user: "alice".into(), groups: vec![] };
+    let tasks = gw.state.tasks.clone().expect("a task backend");
+    let task = tasks
+        .create(NewTask {
+            id: new_task_id(),
+            owner: Identity::from_owner(&owner),
+            prompt: "write files".into(),
+            tools: ToolSelection::default(),
+            budgets: Budgets::default(),
+            profile: "default".into(),
+            traceparent: None,
+        })
+        .await
+        .expect("task");
+    let claims = Claims {
+        kind: RunKind::Task,
+        ns: ns.clone(),
+        id: task.id.to_string(),
+        owner: owner.clone(),
+        exp: k8s_openapi::jiff::Timestamp::now().as_second() + 600,
+    };
+    let token = gateway_support::signing_key().sign(&claims);
+    let put = |name: &str, bytes: usize| {
+        let request = reqwest::Client::new()
+            .put(format!("{}{}", gw.internal, toolyard_api::protocol::path::task_output(task.id.as_str(), name)))
+            .bearer_auth(&token)
+            .body(vec![b'x'; bytes]);
+        async move {
+            let response = request.send().await.expect("put");
+            (response.status().as_u16(), response.text().await.expect("text"))
+        }
+    };
+    assert_eq!(put("a.txt", 40).await.0, 204);
+    assert_eq!(put("b.txt", 40).await.0, 204);
+    let (status, body) = put("c.txt", 1).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("keeps 2 artifacts"), "{body}");
+    assert_eq!(put("b.txt", 60).await.0, 204, "replacing one is not one more");
+    let (status, body) = put("a.txt", 41).await;
+    assert_eq!(status, 413, "{body}");
+    assert!(body.contains("more than the 100 a task may keep"), "{body}");
+    let files = gw.store.list(&owner.key(), &format!("tasks/{}/outputs/", task.id)).await.expect("list");
+    assert_eq!(files.iter().map(|f| f.size).collect::<Vec<_>>(), [40, 60], "{files:?}");
+}

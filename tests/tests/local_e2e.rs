@@ -33,6 +33,7 @@ impl Local {
             dir: repo_path(dir),
             listen: "127.0.0.1:0".into(),
             token: Some(TOKEN.into()),
+            token_file: None,
             user: "local".into(),
             data_dir: data.path().to_owned(),
             policy: None,

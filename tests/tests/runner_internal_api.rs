@@ -70,7 +70,8 @@ impl Api {
         let dir = TempDir::new("internal-api");
         let store = Arc::new(FsStore::new(dir.path()).expect("test setup"));
         let recorded = Arc::new(Recorded::default());
-        let limits = InternalLimits { log_bytes: 1024, output_bytes: 4096, ..InternalLimits::default() };
+        let limits =
+            InternalLimits { log_bytes: 1024, output_bytes: 4096, run_event_bytes: 1024, ..InternalLimits::default() };
         let state = InternalState::new(store.clone(), key()).with_recorder(recorded.clone()).with_limits(limits);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("test setup");
         let addr = listener.local_addr().expect("test setup");
@@ -312,4 +313,27 @@ async fn bodies_above_their_cap_get_413_and_task_routes_without_a_backend_say_so
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{p}");
         assert!(body.contains("coding tasks are not configured"), "{body}");
     }
+}
+
+#[tokio::test]
+async fn a_runs_event_log_is_capped() {
+    let api = Api::start().await;
+    let t = token(RunKind::Call, "call-a", alice());
+    let event = json!({"time": "2026-12-04T12:00:00Z", "type": "call_started", "data": {"pad": "x".repeat(200)}});
+    let mut accepted = 0;
+    let refusal = loop {
+        let (status, body) = api
+            .send(Method::POST, &path::events("calls", "call-a"), Some(&t), Some(event.to_string().into_bytes()))
+            .await;
+        match status {
+            StatusCode::NO_CONTENT => accepted += 1,
+            other => break (other, body),
+        }
+        assert!(accepted < 100, "the log was never full");
+    };
+    assert_eq!(refusal.0, StatusCode::PAYLOAD_TOO_LARGE, "{}", refusal.1);
+    assert!(refusal.1.contains("the event log is full"), "{}", refusal.1);
+    let stored: u64 =
+        api.store.list(&alice().key(), "calls/call-a/events/").await.unwrap().iter().map(|o| o.size).sum();
+    assert!(accepted >= 3 && stored <= 1024, "{accepted} segments, {stored} bytes");
 }

@@ -162,6 +162,13 @@ async fn append_events(
     // meanwhile (then the one after). The lock keeps this replica's own posts from racing.
     let _guard = state.events_lock.lock().await;
     let existing = state.store.list(owner, folder).await?;
+    let stored: u64 = existing.iter().map(|o| o.size).sum();
+    if stored + segment.len() as u64 > state.limits.run_event_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the event log is full: it holds {stored} bytes of at most {}", state.limits.run_event_bytes),
+        ));
+    }
     let mut next = existing
         .iter()
         .filter_map(|o| o.path.rsplit('/').next()?.strip_suffix(".jsonl")?.parse::<u32>().ok())
@@ -197,7 +204,29 @@ pub async fn put_task_output(
     let (id, _record) = super::tasks::live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let bytes = read_body(&headers, body, state.limits.output_bytes, "the artifact").await?;
-    state.store.put(&owner, &task_path(&owner, &id, &TaskFile::Output(path)), bytes).await?;
+    let target = task_path(&owner, &id, &TaskFile::Output(path));
+    // The task's other artifacts (the one replaced, if any, does not count).
+    let folder = format!("{}outputs/", relative(&owner, storage::task_prefix(&owner, &id)));
+    let others: Vec<_> = state.store.list(&owner, &folder).await?.into_iter().filter(|o| o.path != target).collect();
+    let limits = &state.limits;
+    if others.len() >= limits.task_outputs {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the task keeps {} artifacts, the most it may; replace one instead", others.len()),
+        ));
+    }
+    let kept: u64 = others.iter().map(|o| o.size).sum();
+    if kept + bytes.len() as u64 > limits.task_output_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the task's artifacts would take {} bytes, more than the {} a task may keep",
+                kept + bytes.len() as u64,
+                limits.task_output_bytes
+            ),
+        ));
+    }
+    state.store.put(&owner, &target, bytes).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

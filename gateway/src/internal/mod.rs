@@ -57,6 +57,12 @@ pub struct InternalLimits {
     pub events_bytes: usize,
     /// One task artifact.
     pub output_bytes: usize,
+    /// Artifacts one task may keep.
+    pub task_outputs: usize,
+    /// Bytes of all of one task's artifacts together.
+    pub task_output_bytes: u64,
+    /// Bytes of one run's (task's or call's) event log.
+    pub run_event_bytes: u64,
 }
 
 impl Default for InternalLimits {
@@ -66,6 +72,9 @@ impl Default for InternalLimits {
             log_bytes: 2 * 1024 * 1024,
             events_bytes: 1024 * 1024,
             output_bytes: 64 * 1024 * 1024,
+            task_outputs: 1000,
+            task_output_bytes: 1024 * 1024 * 1024,
+            run_event_bytes: 16 * 1024 * 1024,
         }
     }
 }
@@ -82,12 +91,27 @@ pub struct InternalArgs {
     /// Largest task artifact a runner may upload, in bytes.
     #[arg(long, env = "TOOLYARD_MAX_OUTPUT_BYTES", default_value_t = InternalLimits::default().output_bytes)]
     pub max_output_bytes: usize,
+    /// Artifacts one coding task may keep.
+    #[arg(long, env = "TOOLYARD_MAX_TASK_ARTIFACTS", default_value_t = InternalLimits::default().task_outputs)]
+    pub max_task_artifacts: usize,
+    /// Bytes of all of one coding task's artifacts together.
+    #[arg(long, env = "TOOLYARD_MAX_TASK_ARTIFACT_BYTES", default_value_t = InternalLimits::default().task_output_bytes)]
+    pub max_task_artifact_bytes: u64,
+    /// Bytes of one task's or call's event log.
+    #[arg(long, env = "TOOLYARD_MAX_EVENT_LOG_BYTES", default_value_t = InternalLimits::default().run_event_bytes)]
+    pub max_event_log_bytes: u64,
 }
 
 impl InternalArgs {
     /// The body limits these flags ask for.
     pub fn limits(&self) -> InternalLimits {
-        InternalLimits { output_bytes: self.max_output_bytes, ..InternalLimits::default() }
+        InternalLimits {
+            output_bytes: self.max_output_bytes,
+            task_outputs: self.max_task_artifacts,
+            task_output_bytes: self.max_task_artifact_bytes,
+            run_event_bytes: self.max_event_log_bytes,
+            ..InternalLimits::default()
+        }
     }
 }
 

@@ -342,6 +342,8 @@ pub struct Options {
     pub call_grace: Duration,
     /// Shutdown grace.
     pub shutdown_grace: Duration,
+    /// Caps of the internal API.
+    pub internal_limits: InternalLimits,
 }
 
 impl Default for Options {
@@ -350,6 +352,7 @@ impl Default for Options {
             settings: Settings::default(),
             call_grace: Duration::from_secs(15),
             shutdown_grace: Duration::from_secs(30),
+            internal_limits: InternalLimits::default(),
         }
     }
 }
@@ -415,7 +418,7 @@ impl Gateway {
         };
         let metrics = Arc::new(Metrics::new());
         let Assembled { state, public, internal: internal_router } =
-            assemble(backends, options.settings, InternalLimits::default(), metrics, &tokens);
+            assemble(backends, options.settings, options.internal_limits, metrics, &tokens);
         let public_socket = server::bind("public", "127.0.0.1:0").expect("bind");
         let internal_socket = server::bind("internal", "127.0.0.1:0").expect("bind");
         let base = format!("http://{}", public_socket.local_addr().expect("addr"));
