@@ -162,12 +162,21 @@ pub async fn read(state: &AppState, who: &Identity, uri: &str) -> Result<ReadRes
             text(serde_json::to_string_pretty(&v.to_json()).unwrap_or_default(), "application/json")
         }
         TaskResource::Events(id) => {
-            let (events, _) = view::events_since(store, &owner, id, 0).await.map_err(|e| internal(&e))?;
-            if events.is_empty() && record.is_none() {
+            // Segment by segment: the answer is the only whole copy of the log held.
+            let segments = view::event_segments(store, &owner, id, 0).await.map_err(|e| internal(&e))?;
+            if segments.is_empty() && record.is_none() {
                 return Err(not_found(uri));
             }
-            let lines: Vec<String> = events.iter().filter_map(|e| serde_json::to_string(e).ok()).collect();
-            text(lines.join("\n") + if lines.is_empty() { "" } else { "\n" }, "application/x-ndjson")
+            let mut lines = String::new();
+            for n in segments {
+                for event in view::segment_events(store, &owner, id, n).await.map_err(|e| internal(&e))? {
+                    if let Ok(line) = serde_json::to_string(&event) {
+                        lines.push_str(&line);
+                        lines.push('\n');
+                    }
+                }
+            }
+            text(lines, "application/x-ndjson")
         }
         TaskResource::File(id, file, path) => {
             let chunk = store

@@ -62,12 +62,16 @@ impl Progress {
         if self.token.is_none() {
             return Ok(());
         }
-        let (events, next) = view::events_since(state.store.as_ref(), owner, id, self.next_segment)
+        let segments = view::event_segments(state.store.as_ref(), owner, id, self.next_segment)
             .await
             .map_err(|e| internal(state, &e))?;
-        self.next_segment = next;
-        for event in &events {
-            self.notify(context, view::describe(event)).await?;
+        for n in segments {
+            let events =
+                view::segment_events(state.store.as_ref(), owner, id, n).await.map_err(|e| internal(state, &e))?;
+            for event in &events {
+                self.notify(context, view::describe(event)).await?;
+            }
+            self.next_segment = n + 1;
         }
         Ok(())
     }

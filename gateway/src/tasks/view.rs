@@ -233,13 +233,14 @@ pub async fn files(store: &dyn ArtifactStore, owner: &OwnerKey, id: &RunId) -> c
         .collect())
 }
 
-/// The events of a task from segment `from` on, and the number of the next unread segment.
-pub async fn events_since(
+/// The numbers of a task's event segments from `from` on, in order. Callers read them one
+/// by one ([`segment_events`]), so a long log is never held in memory at once.
+pub async fn event_segments(
     store: &dyn ArtifactStore,
     owner: &OwnerKey,
     id: &RunId,
     from: u32,
-) -> crate::Result<(Vec<Event>, u32)> {
+) -> crate::Result<Vec<u32>> {
     let folder = format!("{}events/", task_folder(owner, id));
     let mut segments: Vec<u32> = store
         .list(owner, &folder)
@@ -249,15 +250,21 @@ pub async fn events_since(
         .filter(|n| *n >= from)
         .collect();
     segments.sort_unstable();
-    let mut events = Vec::new();
-    let mut next = from;
-    for n in segments {
-        if let Some(bytes) = store.get(owner, &task_path(owner, id, &TaskFile::Events(n))).await? {
-            events.extend(parse_events(&bytes));
-        }
-        next = n + 1;
-    }
-    Ok((events, next))
+    Ok(segments)
+}
+
+/// The events of segment `n` of a task (none when it is gone).
+pub async fn segment_events(
+    store: &dyn ArtifactStore,
+    owner: &OwnerKey,
+    id: &RunId,
+    n: u32,
+) -> crate::Result<Vec<Event>> {
+    Ok(store
+        .get(owner, &task_path(owner, id, &TaskFile::Events(n)))
+        .await?
+        .map(|b| parse_events(&b))
+        .unwrap_or_default())
 }
 
 fn parse_events(bytes: &Bytes) -> Vec<Event> {
