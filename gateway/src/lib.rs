@@ -22,6 +22,7 @@ pub mod coarse_timer;
 pub mod core;
 pub mod error;
 pub mod executor;
+pub mod hosts;
 pub mod identity;
 pub mod internal;
 pub mod limits;

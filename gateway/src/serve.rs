@@ -299,6 +299,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             namespace: args.gateway_namespace.clone(),
             public_url: args.public_url.clone(),
             default_scheme: if tls_files.is_some() { "https" } else { "http" }.to_owned(),
+            allowed_hosts: allowed_hosts(&args.allowed_hosts),
             metrics: auth_metrics,
             shutdown: background.clone(),
         })

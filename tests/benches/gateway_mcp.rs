@@ -111,6 +111,7 @@ fn run_gateway_process() {
                 namespace: "toolyard".into(),
                 public_url: None,
                 default_scheme: "http".into(),
+                allowed_hosts: Vec::new(),
                 metrics: AuthMetrics::default(),
                 shutdown: background.clone(),
             })

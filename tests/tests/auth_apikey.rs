@@ -34,6 +34,7 @@ fn context(kube: Option<kube::Client>) -> AuthContext {
         namespace: "default".into(),
         public_url: Some("https://gw.example.com".into()),
         default_scheme: "https".into(),
+        allowed_hosts: Vec::new(),
         metrics: AuthMetrics::default(),
         shutdown: CancellationToken::new(),
     }

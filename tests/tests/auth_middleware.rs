@@ -72,6 +72,7 @@ async fn gateway(public_url: Option<&str>, extra: &[&str]) -> Gateway {
         namespace: "toolyard".into(),
         public_url: public_url.map(str::to_owned),
         default_scheme: "https".into(),
+        allowed_hosts: Vec::new(),
         metrics: AuthMetrics::default(),
         shutdown: CancellationToken::new(),
     };

@@ -123,6 +123,24 @@ async fn browser_origins_are_refused_unless_listed() {
     listed.shutdown().await.expect("shutdown");
 }
 
+/// The protected resource metadata is made for the hosts the gateway serves only: a page
+/// served from another host name (DNS rebinding) gets no document naming that host.
+#[tokio::test]
+async fn resource_metadata_is_made_for_allowed_hosts_only() {
+    let tools = echo_tools();
+    let data = TempDir::new("local-http-prm");
+    let gateway = start(tools.path(), &data.path().join("data"), &[]).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://{}/.well-known/oauth-protected-resource/mcp", gateway.addr);
+    let ours: serde_json::Value = http.get(&url).send().await.expect("get").json().await.expect("json");
+    assert_eq!(ours["resource"], format!("http://{}/mcp", gateway.addr), "{ours}");
+    let foreign = http.get(&url).header("host", "rebound.attacker.example").send().await.expect("get");
+    assert_eq!(foreign.status(), 400);
+    let text = foreign.text().await.expect("text");
+    assert!(!text.contains("attacker"), "{text}");
+    gateway.shutdown().await.expect("shutdown");
+}
+
 #[tokio::test]
 async fn tools_call_with_misshapen_params_gets_invalid_params() {
     let tools = echo_tools();

@@ -21,6 +21,7 @@ use super::metadata::ProtectedResourceMetadata;
 use super::metrics::AuthMetrics;
 use super::middleware::AuthState;
 use super::tokenreview::{TokenReviewAuthenticator, TokenReviewSettings};
+use crate::hosts::AllowedHosts;
 
 /// Authentication flags (`TOOLYARD_*` environment fallbacks).
 #[derive(Args, Clone, Debug)]
@@ -114,6 +115,9 @@ pub struct AuthContext {
     pub public_url: Option<String>,
     /// `https`, or `http` when serving plain HTTP (used with the Host header).
     pub default_scheme: String,
+    /// The `Host` values served (`--allowed-hosts`; empty: any): the metadata is made for
+    /// these only.
+    pub allowed_hosts: Vec<String>,
     /// Counters to update (register them on `/metrics`).
     pub metrics: AuthMetrics,
     /// Stops background reloads.
@@ -235,6 +239,7 @@ impl AuthArgs {
             authorization_servers: self.oidc_issuers.clone(),
             scopes_supported,
             resource_name: Some("Toolyard".into()),
+            allowed_hosts: AllowedHosts::new(&ctx.allowed_hosts),
         };
         metadata.validate().map_err(anyhow::Error::msg)?;
         let state = AuthState {
@@ -264,6 +269,7 @@ mod tests {
             namespace: "toolyard".into(),
             public_url: None,
             default_scheme: "https".into(),
+            allowed_hosts: Vec::new(),
             metrics: AuthMetrics::default(),
             shutdown: CancellationToken::new(),
         }

@@ -16,6 +16,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
+use crate::hosts::AllowedHosts;
+
 /// Path of the metadata document of the whole gateway.
 pub const WELL_KNOWN: &str = "/.well-known/oauth-protected-resource";
 
@@ -34,6 +36,10 @@ pub struct ProtectedResourceMetadata {
     pub scopes_supported: Vec<String>,
     /// Human-readable name of the resource.
     pub resource_name: Option<String>,
+    /// Hosts the documents are made for when no public URL is set (the gateway's
+    /// `--allowed-hosts`): a request for another host gets none, so a page served from an
+    /// attacker's host name cannot have the gateway describe itself under that name.
+    pub allowed_hosts: AllowedHosts,
 }
 
 impl ProtectedResourceMetadata {
@@ -57,6 +63,9 @@ impl ProtectedResourceMetadata {
     pub fn base_url(&self, headers: &HeaderMap) -> Option<String> {
         if let Some(url) = &self.public_url {
             return Some(url.trim_end_matches('/').to_owned());
+        }
+        if !self.allowed_hosts.allows(headers, &http::Uri::default()) {
+            return None;
         }
         let host = headers.get(header::HOST)?.to_str().ok()?;
         if host.is_empty()
@@ -141,7 +150,7 @@ pub fn metadata_router(metadata: ProtectedResourceMetadata) -> Router {
 
 fn serve(metadata: &ProtectedResourceMetadata, headers: &HeaderMap, resource_path: &str) -> Response {
     let Some(base) = metadata.base_url(headers) else {
-        return (StatusCode::BAD_REQUEST, "missing or invalid Host header").into_response();
+        return (StatusCode::BAD_REQUEST, "missing, invalid or not allowed Host header").into_response();
     };
     let mut response = axum::Json(metadata.document(&base, resource_path)).into_response();
     let h = response.headers_mut();
@@ -173,6 +182,11 @@ mod tests {
         assert_eq!(m.base_url(&h).as_deref(), Some("https://gw.example.com:8443"));
         h.insert(header::HOST, HeaderValue::from_static("evil\"host"));
         assert_eq!(m.base_url(&h), None);
+        m.allowed_hosts = AllowedHosts::new(&["gw.example.com".to_owned()]);
+        h.insert(header::HOST, HeaderValue::from_static("gw.example.com:8443"));
+        assert_eq!(m.base_url(&h).as_deref(), Some("https://gw.example.com:8443"), "any port of an allowed host");
+        h.insert(header::HOST, HeaderValue::from_static("attacker.example:8443"));
+        assert_eq!(m.base_url(&h), None, "no document for a host not served");
         m.public_url = Some("https://toolyard.example.com/".into());
         assert_eq!(m.base_url(&h).as_deref(), Some("https://toolyard.example.com"));
         assert!(m.validate().is_ok());

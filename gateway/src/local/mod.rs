@@ -34,6 +34,7 @@ use crate::catalog::ToolCatalog;
 use crate::catalog::local::LocalCatalog;
 use crate::executor::Executor;
 use crate::executor::local::{LaunchSettings, LocalExecutor, LocalResults};
+use crate::hosts::AllowedHosts;
 use crate::internal::InternalLimits;
 use crate::logging::LogFormat;
 use crate::metrics::Metrics;
@@ -271,15 +272,16 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let key_entry = ApiKey::new(args.user.clone(), Vec::new(), &hash_api_key(&token)).map_err(anyhow::Error::msg)?;
     let chain =
         AuthChain::new(vec![Arc::new(ApiKeyAuthenticator::from_keys(vec![key_entry]))]).with_metrics(auth_metrics);
+    let mut allowed_hosts = loopback_hosts();
+    allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
     let metadata = ProtectedResourceMetadata {
         default_scheme: "http".into(),
         resource_name: Some("Toolyard (local)".into()),
+        allowed_hosts: AllowedHosts::new(&allowed_hosts),
         ..ProtectedResourceMetadata::default()
     };
     let auth = Arc::new(AuthState { chain, metadata, required_scopes: Vec::new(), scoped_issuers: Vec::new() });
 
-    let mut allowed_hosts = loopback_hosts();
-    allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
     let settings = Settings {
         allowed_hosts,
         allowed_origins: crate::serve::allowed_origins(&args.allowed_origins),

@@ -33,7 +33,7 @@ use std::task::{Context, Poll};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::FutureExt;
-use http::header::{ACCEPT, CONTENT_TYPE, HOST, ORIGIN};
+use http::header::{ACCEPT, CONTENT_TYPE, ORIGIN};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use rmcp::ErrorData;
 use rmcp::model::{
@@ -43,6 +43,8 @@ use rmcp::model::{
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+
+use crate::hosts::AllowedHosts;
 
 use super::Scope;
 use super::handler::{McpHandler, RequestInfo, builtin_of};
@@ -65,7 +67,7 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
     if !accepts_json_and_sse(headers)
         || !super::declares_json(headers)
         || headers.contains_key(ORIGIN)
-        || !host_is_allowed(parts, allowed_hosts)
+        || !allowed_hosts.allows(&parts.headers, &parts.uri)
         || !is_legacy_version(headers)
     {
         return None;
@@ -314,48 +316,6 @@ fn is_legacy_version(headers: &HeaderMap) -> bool {
     let Ok(version) = value.to_str() else { return false };
     version < ProtocolVersion::V_2026_07_28.as_str()
         && ProtocolVersion::KNOWN_VERSIONS.iter().any(|v| v.as_str() == version)
-}
-
-/// `host[:port]` without IPv6 brackets, as rmcp compares them (hosts without regard to case).
-fn authority(value: &str) -> Option<(&str, Option<u16>)> {
-    let value = value.trim();
-    let parsed = http::uri::Authority::try_from(value).ok()?;
-    // The parsed host, borrowed from `value`: it starts after any user info.
-    let start = value.rfind('@').map_or(0, |at| at + 1);
-    let host = value.get(start..start + parsed.host().len())?;
-    Some((host.trim_matches(['[', ']']), parsed.port_u16()))
-}
-
-/// The allowed-hosts setting, parsed once: `host[:port]` entries compared as rmcp compares
-/// them. An entry that is no authority (such as a bare `::1`) is taken as a host name. An
-/// empty setting (`None` here) allows every host.
-pub(super) struct AllowedHosts(Option<Vec<(String, Option<u16>)>>);
-
-impl AllowedHosts {
-    pub(super) fn new(allowed: &[String]) -> Self {
-        let parse = |allowed: &String| {
-            let allowed = allowed.trim();
-            (!allowed.is_empty()).then(|| {
-                let (host, port) = authority(allowed).unwrap_or_else(|| (allowed.trim_matches(['[', ']']), None));
-                (host.to_ascii_lowercase(), port)
-            })
-        };
-        AllowedHosts((!allowed.is_empty()).then(|| allowed.iter().filter_map(parse).collect()))
-    }
-}
-
-/// The request's `Host` (or HTTP/2 authority) is allowed: an allowed entry without a port
-/// matches any port. An empty list allows every host, as in rmcp.
-fn host_is_allowed(parts: &http::request::Parts, allowed_hosts: &AllowedHosts) -> bool {
-    let host = match parts.headers.get(HOST) {
-        Some(value) => value.to_str().ok().and_then(authority),
-        None => parts.uri.authority().and_then(|a| authority(a.as_str())),
-    };
-    let Some((host, port)) = host else { return false };
-    let Some(allowed_hosts) = &allowed_hosts.0 else { return true };
-    allowed_hosts.iter().any(|(allowed, allowed_port)| {
-        allowed.eq_ignore_ascii_case(host) && allowed_port.is_none_or(|p| port == Some(p))
-    })
 }
 
 #[cfg(test)]

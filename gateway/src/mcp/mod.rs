@@ -36,6 +36,7 @@ pub use cursor::{decode_cursor, encode_cursor};
 pub use handler::{McpHandler, SUPPORTED_PROTOCOL_VERSIONS};
 
 use crate::core::Selection;
+use crate::hosts::AllowedHosts;
 use crate::identity::Identity;
 use crate::state::AppState;
 
@@ -82,7 +83,7 @@ pub struct McpService {
     rmcp: StreamableHttpService<McpHandler, NeverSessionManager>,
     handler: McpHandler,
     stop: CancellationToken,
-    allowed_hosts: Arc<direct::AllowedHosts>,
+    allowed_hosts: Arc<AllowedHosts>,
 }
 
 impl McpService {
@@ -137,6 +138,6 @@ pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
         ),
         handler,
         stop: cancel,
-        allowed_hosts: Arc::new(direct::AllowedHosts::new(&settings.allowed_hosts)),
+        allowed_hosts: Arc::new(AllowedHosts::new(&settings.allowed_hosts)),
     }
 }

@@ -387,6 +387,7 @@ impl Gateway {
                 namespace: "toolyard".into(),
                 public_url: None,
                 default_scheme: "http".into(),
+                allowed_hosts: Vec::new(),
                 metrics: AuthMetrics::default(),
                 shutdown: background.clone(),
             })
