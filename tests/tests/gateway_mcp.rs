@@ -24,7 +24,7 @@ use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind};
 use toolyard_api::{OwnerKey, ToolCall};
 use toolyard_gateway::Identity;
-use toolyard_gateway::tasks::{NewTask, new_task_id};
+use toolyard_gateway::tasks::{NewTask, TaskRecord, new_task_id};
 use toolyard_tests::{TestEnv, User, wait_until};
 
 /// A namespace with the platform's RBAC, `tools` (object name, MCP name, timeout) Ready, and
@@ -40,6 +40,33 @@ async fn setup(prefix: &str, tools: &[(&str, &str, i32)]) -> String {
     grant_call(&ns, "alice-calls", &[], &["alice"], &[]).await;
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("anything")).await;
     ns
+}
+
+/// A coding task of `owner` created through the gateway's task backend (nothing runs it), and
+/// the task token its agent would hold.
+async fn task_of(gw: &Gateway, ns: &str, owner: &toolyard_api::Owner) -> (TaskRecord, String) {
+    let tasks = gw.state.tasks.clone().expect("a task backend");
+    let task = tasks
+        .create(NewTask {
+            id: new_task_id(),
+            owner: Identity::from_owner(owner),
+            prompt: "a task".into(),
+            tools: ToolSelection::default(),
+            budgets: Budgets::default(),
+            profile: "default".into(),
+            traceparent: None,
+        })
+        .await
+        .expect("task");
+    let claims = Claims {
+        kind: RunKind::Task,
+        ns: ns.to_owned(),
+        id: task.id.to_string(),
+        owner: owner.clone(),
+        exp: k8s_openapi::jiff::Timestamp::now().as_second() + 600,
+    };
+    let token = gateway_support::signing_key().sign(&claims);
+    (task, token)
 }
 
 fn args(v: Value) -> serde_json::Map<String, Value> {
@@ -500,27 +527,7 @@ async fn a_coding_tasks_tool_calls_count_against_its_owners_limit() {
     };
     // Alice's call holds her one slot; a task of hers asks for another call.
     let owner = platform.next().await.call.spec.owner;
-    let tasks = gw.state.tasks.clone().expect("a task backend");
-    let task = tasks
-        .create(NewTask {
-            id: new_task_id(),
-            owner: Identity::from_owner(&owner),
-            prompt: "price things".into(),
-            tools: ToolSelection::default(),
-            budgets: Budgets::default(),
-            profile: "default".into(),
-            traceparent: None,
-        })
-        .await
-        .expect("task");
-    let claims = Claims {
-        kind: RunKind::Task,
-        ns: ns.clone(),
-        id: task.id.to_string(),
-        owner: owner.clone(),
-        exp: k8s_openapi::jiff::Timestamp::now().as_second() + 600,
-    };
-    let token = gateway_support::signing_key().sign(&claims);
+    let (task, token) = task_of(&gw, &ns, &owner).await;
     let agent_call = |x: i64| {
         let url = format!("{}/internal/v1/tasks/{}/tools/held/call", gw.internal, task.id);
         let token = token.clone();
@@ -566,27 +573,7 @@ async fn a_tasks_artifacts_are_capped_in_number_and_bytes() {
     options.internal_limits.task_output_bytes = 100;
     let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
     let owner = toolyard_api::Owner { issuer: "apikey".into(), user: "alice".into(), groups: vec![] };
-    let tasks = gw.state.tasks.clone().expect("a task backend");
-    let task = tasks
-        .create(NewTask {
-            id: new_task_id(),
-            owner: Identity::from_owner(&owner),
-            prompt: "write files".into(),
-            tools: ToolSelection::default(),
-            budgets: Budgets::default(),
-            profile: "default".into(),
-            traceparent: None,
-        })
-        .await
-        .expect("task");
-    let claims = Claims {
-        kind: RunKind::Task,
-        ns: ns.clone(),
-        id: task.id.to_string(),
-        owner: owner.clone(),
-        exp: k8s_openapi::jiff::Timestamp::now().as_second() + 600,
-    };
-    let token = gateway_support::signing_key().sign(&claims);
+    let (task, token) = task_of(&gw, &ns, &owner).await;
     let put = |name: &str, bytes: usize| {
         let request = reqwest::Client::new()
             .put(format!("{}{}", gw.internal, toolyard_api::protocol::path::task_output(task.id.as_str(), name)))

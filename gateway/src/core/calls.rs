@@ -104,11 +104,6 @@ impl Calls {
         &self.access
     }
 
-    /// The executor.
-    pub fn executor(&self) -> &Arc<dyn Executor> {
-        &self.executor
-    }
-
     /// Runs one call: resolve, validate, admit, execute, count.
     pub async fn call(&self, input: CallInput) -> Result<Called, CallError> {
         let started = Instant::now();

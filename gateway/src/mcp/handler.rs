@@ -170,12 +170,13 @@ impl McpHandler {
             None => None,
         };
         let builtins = self.visible_builtins(who, &scope).await?;
+        let selection = scope.selection();
         let mut candidates: Vec<Entry> = self
             .state
             .catalog
             .tools()
             .into_iter()
-            .filter(|t| scope.contains(t))
+            .filter(|t| selection.contains(t))
             .filter(|t| scope != Scope::All || Builtin::from_name(t.name()).is_none())
             .map(Entry::Catalog)
             .chain(builtins.into_iter().map(Entry::Builtin))

@@ -57,14 +57,6 @@ impl Scope {
             Scope::Toolset(name) => Selection::toolset(name.clone()),
         }
     }
-
-    /// True when `tool` belongs to this scope.
-    pub fn contains(&self, tool: &crate::catalog::Tool) -> bool {
-        match self {
-            Scope::All => true,
-            Scope::Toolset(name) => tool.spec.toolset.as_deref() == Some(name.as_str()),
-        }
-    }
 }
 
 /// The request declares a JSON body (`Content-Type: application/json`, parameters allowed).
