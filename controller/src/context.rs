@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Client, Resource};
 use toolyard_api::token::SigningKey;
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -120,22 +120,41 @@ impl Shared {
     }
 
     /// Runs one reconcile pass, recording its duration and result; a success resets the
-    /// object's retry backoff.
+    /// object's retry backoff. The pass runs in a `reconcile {kind}` span, in the trace of the
+    /// call or task that made the object (its `toolyard.dev/traceparent` annotation).
     pub async fn instrument<K: Resource>(
         &self,
         kind: &'static str,
         obj: &K,
         pass: impl Future<Output = Result<Action>>,
     ) -> Result<Action> {
+        let span = tracing::info_span!(
+            "reconcile",
+            "otel.name" = format!("reconcile {kind}"),
+            "k8s.namespace.name" = obj.meta().namespace.as_deref().unwrap_or_default(),
+            "toolyard.object.name" = obj.meta().name.as_deref().unwrap_or_default(),
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let traceparent = obj
+            .meta()
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::labels::TRACEPARENT_ANNOTATION))
+            .map(String::as_str);
+        toolyard_telemetry::set_parent(&span, traceparent);
         let started = Instant::now();
-        let result = pass.await;
+        let result = pass.instrument(span.clone()).await;
         self.metrics.reconcile_duration.get_or_create(&KindLabels { kind }).observe(started.elapsed().as_secs_f64());
         let label = match &result {
             Ok(_) => {
                 self.backoff.lock().expect("backoff lock").remove(&backoff_key(kind, obj));
                 "ok"
             }
-            Err(e) => e.metric_label(),
+            Err(e) => {
+                span.record("otel.status_code", "ERROR").record("error.type", e.metric_label());
+                e.metric_label()
+            }
         };
         self.metrics.reconciles.get_or_create(&ReconcileLabels { kind, result: label }).inc();
         result

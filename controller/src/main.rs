@@ -4,26 +4,27 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 use toolyard_controller::{CancellationToken, Config};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> Result<()> {
     let config = Config::parse();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,kube_runtime=warn"));
-    // Colours only on a terminal: a pod's log or a file gets no escape codes.
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    if config.log_json {
-        subscriber.json().init();
-    } else {
-        subscriber.init();
-    }
+    let telemetry = toolyard_telemetry::init(toolyard_telemetry::Settings {
+        service: "toolyard-controller",
+        format: if config.log_json {
+            toolyard_telemetry::LogFormat::Json
+        } else {
+            toolyard_telemetry::LogFormat::Plain
+        },
+        filter_var: "RUST_LOG",
+        default_filter: "info,kube_runtime=warn",
+    });
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-    toolyard_controller::run(config, client, shutdown).await
+    let stopped = toolyard_controller::run(config, client, shutdown).await;
+    telemetry.shutdown();
+    stopped
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

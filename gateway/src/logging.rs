@@ -1,31 +1,20 @@
-//! Log setup shared by the gateway's commands: `RUST_LOG` filter (default `info`), plain or
-//! JSON lines on standard error, coloured only when standard error is a terminal (a file, a
-//! pipe or a pod's log gets no escape codes).
+//! Log and trace setup shared by the gateway's commands (see [`toolyard_telemetry`]): the
+//! `RUST_LOG` filter (default `info`, with rmcp's per-request lines off), plain or JSON lines on
+//! standard error, and OTLP traces when the standard `OTEL_*` variables name a collector.
 
-use std::io::IsTerminal;
+pub use toolyard_telemetry::{LogFormat, Telemetry};
 
-use clap::ValueEnum;
-use tracing_subscriber::EnvFilter;
+/// The log filter when `RUST_LOG` is unset: rmcp writes three INFO lines per MCP request
+/// ("Service initialized as server", "serve finished", ...), which say nothing an operator needs.
+pub const DEFAULT_FILTER: &str = "info,rmcp=warn";
 
-/// Log line format.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Plain,
-    /// One JSON object per line (for log collectors).
-    Json,
-}
-
-/// Installs the global subscriber. Calling it twice keeps the first (tests may race).
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = match format {
-        LogFormat::Plain => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
+/// Installs the global subscriber; keep the returned value until the gateway stops (it sends
+/// the last spans). Calling it twice keeps the first (tests may race).
+pub fn init(format: LogFormat) -> Telemetry {
+    toolyard_telemetry::init(toolyard_telemetry::Settings {
+        service: "toolyard-gateway",
+        format,
+        filter_var: "RUST_LOG",
+        default_filter: DEFAULT_FILTER,
+    })
 }

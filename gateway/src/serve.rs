@@ -249,7 +249,7 @@ impl ServeArgs {
 
 /// Runs the gateway until SIGTERM/SIGINT.
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    crate::logging::init(args.log_format);
+    let telemetry = crate::logging::init(args.log_format);
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let tokens = ShutdownTokens::default();
     // Background work (watches, reloads) stops only after the listeners have drained.
@@ -380,6 +380,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let result = crate::server::serve(listeners, &server, tokens).await;
     flushed.flush().await;
     background.cancel();
+    telemetry.shutdown();
     result
 }
 

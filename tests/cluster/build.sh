@@ -7,13 +7,15 @@
 #                  the pause program (C, from the k8s.io/kubernetes module), and Debian's
 #                  containerd, runc, CNI plugins, dockerd (image builds) and mmdebstrap
 #   tools:         helm (go install helm.sh/helm/v3/cmd/helm),
-#                  s3s-fs (cargo install s3s-fs, an S3-compatible server, Apache-2.0)
+#                  s3s-fs (cargo install s3s-fs, an S3-compatible server, Apache-2.0),
+#                  Jaeger v2 (github.com/jaegertracing/jaeger/cmd/jaeger, the trace store the
+#                  tracing tests send OTLP to and query; Apache-2.0)
 # Every piece is skipped when its binary is already in the cache. Prints the bin dir last.
 #
-#   tests/cluster/build.sh [all|k8s|etcd|helm|s3s|node|debs|path]
+#   tests/cluster/build.sh [all|k8s|etcd|helm|s3s|jaeger|node|debs|path]
 #
 # Environment: TOOLYARD_CACHE (default $HOME/.cache/toolyard), K8S_VERSION, ETCD_VERSION,
-# HELM_VERSION, S3S_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION.
+# HELM_VERSION, S3S_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION, JAEGER_VERSION.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
@@ -26,6 +28,9 @@ COREDNS_VERSION=${COREDNS_VERSION:-v1.12.4}
 # needs only iptables and ipset. v2.1.0 is the version the module proxy serves; its Go
 # dependencies with reported flaws are raised to fixed versions when it is built.
 KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
+# The Go module's v1.x tags carry the Jaeger v2 binary (cmd/jaeger, built on the
+# OpenTelemetry Collector). Kept out of the folder name: a new version rebuilds only Jaeger.
+JAEGER_VERSION=${JAEGER_VERSION:-v1.75.0}
 CACHE=${TOOLYARD_CACHE:-$HOME/.cache/toolyard}
 BIN=$CACHE/cluster-bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-s3s-$S3S_VERSION-coredns-$COREDNS_VERSION-kr-$KUBE_ROUTER_VERSION
 WORK=$CACHE/cluster-work
@@ -214,13 +219,29 @@ build_s3s() {
   rm -rf "$WORK/s3s-target"
 }
 
+build_jaeger() {
+  [[ -x $BIN/jaeger && $(cat "$BIN/jaeger.version" 2>/dev/null) == "$JAEGER_VERSION" ]] && return 0
+  need_go
+  log "building jaeger $JAEGER_VERSION (the trace store of the tracing tests)"
+  local d=$WORK/jaeger
+  rm -rf "$d"; mkdir -p "$d"; cd "$d"
+  go mod init toolyard.invalid/jaeger-bin >/dev/null 2>&1
+  go_proxy_check "github.com/jaegertracing/jaeger@$JAEGER_VERSION"
+  go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION" >"$WORK/jaeger-get.log" 2>&1 \
+    || die "go get -tool jaeger@$JAEGER_VERSION failed: $(tail -n 5 "$WORK/jaeger-get.log")"
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$d/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger \
+    || die "go build of jaeger failed"
+  mv "$d/jaeger" "$BIN/jaeger"
+  echo "$JAEGER_VERSION" >"$BIN/jaeger.version"
+}
+
 only=${1:-all}
 case $only in
   path) echo "$BIN"; exit 0 ;;
-  all) debs; build_etcd; build_helm; build_s3s; build_k8s; build_pause; build_coredns; build_kube_router ;;
-  k8s) build_k8s ;; etcd) build_etcd ;; helm) build_helm ;; s3s) build_s3s ;;
+  all) debs; build_etcd; build_helm; build_s3s; build_jaeger; build_k8s; build_pause; build_coredns; build_kube_router ;;
+  k8s) build_k8s ;; etcd) build_etcd ;; helm) build_helm ;; s3s) build_s3s ;; jaeger) build_jaeger ;;
   node) debs; build_k8s; build_pause; build_coredns; build_kube_router ;;
   debs) debs ;;
-  *) die "usage: $0 [all|k8s|etcd|helm|s3s|node|debs|path]" ;;
+  *) die "usage: $0 [all|k8s|etcd|helm|s3s|jaeger|node|debs|path]" ;;
 esac
 echo "$BIN"

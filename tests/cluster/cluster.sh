@@ -395,13 +395,58 @@ node_dns() {
     -n kube-system wait --for=condition=Available deployment/coredns --timeout=1s
 }
 
+# start_jaeger <bin>: the trace store of the tracing tests (Jaeger v2, traces in memory). OTLP
+# over HTTP and the query API listen on the host's end of the node link, which host processes
+# and pods both reach.
+start_jaeger() {
+  local otlp query query_grpc
+  otlp=$(freeport "$HOST_IP"); query=$(freeport "$HOST_IP"); query_grpc=$(freeport 127.0.0.1)
+  cat >"$RUN/jaeger.yaml" <<YAML
+service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+    logs:
+      level: warn
+extensions:
+  jaeger_storage:
+    backends:
+      memory_store:
+        memory:
+          max_traces: 100000
+  jaeger_query:
+    storage:
+      traces: memory_store
+    http:
+      endpoint: $HOST_IP:$query
+    grpc:
+      endpoint: 127.0.0.1:$query_grpc
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: $HOST_IP:$otlp
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memory_store
+YAML
+  start_bg jaeger "$1/jaeger" --config "$RUN/jaeger.yaml"
+  wait_for jaeger 30 jaeger curl -sf -o /dev/null "http://$HOST_IP:$query/api/services"
+  JAEGER_OTLP=http://$HOST_IP:$otlp JAEGER_QUERY=http://$HOST_IP:$query
+}
+
 start() {
   if [[ -d $RUN/pids ]] && compgen -G "$RUN/pids/*" >/dev/null; then
     die "$RUN is in use by a running test cluster; run '$0 stop' first"
   fi
   local BIN b
   BIN=$(bin_dir)
-  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-router s3s-fs; do
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kube-router s3s-fs jaeger; do
     [[ -x $BIN/$b ]] || die "$BIN/$b is missing; run tests/cluster/build.sh first"
   done
   KUBECTL=$(kubectl_bin)
@@ -482,6 +527,7 @@ start() {
   start_bg s3s-fs "$BIN/s3s-fs" --host 127.0.0.1 --port "$S3_PORT" \
     --access-key "$S3_ACCESS_KEY" --secret-key "$S3_SECRET_KEY" "$RUN/s3"
   wait_for s3s-fs 30 s3s-fs curl -s -o /dev/null "http://127.0.0.1:$S3_PORT/"
+  start_jaeger "$BIN"
 
   node_containerd
   node_images
@@ -509,6 +555,8 @@ export TOOLYARD_TEST_S3_ACCESS_KEY=$S3_ACCESS_KEY
 export TOOLYARD_TEST_S3_SECRET_KEY=$S3_SECRET_KEY
 export TOOLYARD_TEST_S3_REGION=us-east-1
 export TOOLYARD_TEST_S3_BUCKET=toolyard
+export TOOLYARD_TEST_OTLP_ENDPOINT=$JAEGER_OTLP
+export TOOLYARD_TEST_TRACES_URL=$JAEGER_QUERY
 export TOOLYARD_TEST_NODE=$NODE
 export TOOLYARD_TEST_HOST_IP=$HOST_IP
 export TOOLYARD_TEST_POD_CIDR=$POD_CIDR

@@ -23,6 +23,7 @@ pub mod images;
 pub mod local;
 pub mod model_server;
 pub mod s3;
+pub mod traces;
 
 /// A static-token user of the test cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

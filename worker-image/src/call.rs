@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::Args;
 use toolyard_api::protocol::{CallErrorKind, CallResult, env, runner_exit};
+use tracing::Instrument;
 
 use crate::api::InternalApi;
 use crate::capture::{DEFAULT_LOG_LIMIT, truncate_chars};
@@ -66,7 +67,31 @@ pub async fn run(args: CallArgs) -> i32 {
     code
 }
 
-async fn call(args: CallArgs) -> Result<(i32, String), String> {
+/// One call in a `call` span, whose parent is the call's `traceparent` (the gateway's span).
+async fn call(mut args: CallArgs) -> Result<(i32, String), String> {
+    let span = tracing::info_span!(
+        "call",
+        "otel.kind" = "server",
+        "toolyard.call.id" = %args.run_id,
+        "otel.status_code" = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    );
+    toolyard_telemetry::set_parent(&span, args.traceparent.as_deref());
+    args.traceparent = toolyard_telemetry::pass_on(&span, args.traceparent.take());
+    let outcome = run_call(args).instrument(span.clone()).await;
+    match &outcome {
+        Err(_) => {
+            span.record("otel.status_code", "ERROR").record("error.type", "runner_error");
+        }
+        Ok((code, _)) if *code != runner_exit::OK => {
+            span.record("otel.status_code", "ERROR").record("error.type", "tool_error");
+        }
+        Ok(_) => {}
+    }
+    outcome
+}
+
+async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
     // Before anything else: a SIGTERM from now on stops the call instead of killing the runner.
     let signals = StopSignals::install();
     let timeout = match args.timeout {
@@ -79,18 +104,24 @@ async fn call(args: CallArgs) -> Result<(i32, String), String> {
     let api = InternalApi::new(&args.gateway_url, args.token).map_err(|e| e.to_string())?;
     let id = args.run_id;
 
-    let input = api.call_input(&id).await.map_err(|e| format!("cannot read the call's input: {e}"))?;
+    let input = api
+        .call_input(&id)
+        .instrument(tracing::info_span!("read input"))
+        .await
+        .map_err(|e| format!("cannot read the call's input: {e}"))?;
     let stdin = serde_json::to_vec(&input).map_err(|e| e.to_string())?;
     tracing::debug!(call = %id, "tool started");
 
+    // The function's own span (when it makes one) is a child of this one.
+    let function = tracing::info_span!("function.call", "process.executable.name" = %args.command[0]);
     let spec = RunSpec {
         command: ToolCommand::new(args.command),
         stdin,
-        traceparent: args.traceparent,
+        traceparent: toolyard_telemetry::pass_on(&function, args.traceparent),
         log_limit: args.log_limit,
         kill_grace,
     };
-    let output = child::run_once(spec, signals.stop(timeout)).await;
+    let output = child::run_once(spec, signals.stop(timeout)).instrument(function).await;
     let result = output.result;
 
     // Logs first (both at once; an empty stream is not uploaded): whoever waits for the
@@ -104,11 +135,15 @@ async fn call(args: CallArgs) -> Result<(i32, String), String> {
             api.put_log(id, stream, log).await.map_err(|e| format!("cannot upload {stream}: {e}"))
         }
     };
-    let (out, err) =
-        tokio::join!(upload("stdout", output.stdout.into_log()), upload("stderr", output.stderr.into_log()));
-    out?;
-    err?;
-    api.put_result(&id, &result).await.map_err(|e| format!("cannot upload the result: {e}"))?;
+    async {
+        let (out, err) =
+            tokio::join!(upload("stdout", output.stdout.into_log()), upload("stderr", output.stderr.into_log()));
+        out?;
+        err?;
+        api.put_result(&id, &result).await.map_err(|e| format!("cannot upload the result: {e}"))
+    }
+    .instrument(tracing::info_span!("upload"))
+    .await?;
     tracing::debug!(call = %id, ok = !result.is_error(), duration_ms = result.duration_ms, "tool finished");
     Ok((exit_code_of(&result), summary(&result)))
 }

@@ -30,14 +30,12 @@ fn main() {
         std::process::exit(runner_exit::RUNNER_ERROR);
     }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TOOLYARD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,toolyard_runner=info")),
-        )
-        .init();
+    let telemetry = toolyard_telemetry::init(toolyard_telemetry::Settings {
+        service: "toolyard-runner",
+        format: log_format(),
+        filter_var: "TOOLYARD_LOG",
+        default_filter: "warn,toolyard_runner=info",
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -60,5 +58,19 @@ fn main() {
     });
     // Do not wait for detached tasks (e.g. a stdin writer to a tool that never read it).
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    // The last spans, at most `FLUSH_LIMIT` (the result is already uploaded).
+    telemetry.shutdown();
     std::process::exit(code);
+}
+
+/// `TOOLYARD_LOG_FORMAT`: `plain` (default) or `json`; anything else is plain, with a warning.
+fn log_format() -> toolyard_telemetry::LogFormat {
+    use clap::ValueEnum as _;
+    match std::env::var("TOOLYARD_LOG_FORMAT") {
+        Ok(value) => toolyard_telemetry::LogFormat::from_str(&value, true).unwrap_or_else(|_| {
+            eprintln!("toolyard-runner: TOOLYARD_LOG_FORMAT={value:?} is not plain or json; writing plain lines");
+            toolyard_telemetry::LogFormat::Plain
+        }),
+        Err(_) => toolyard_telemetry::LogFormat::Plain,
+    }
 }

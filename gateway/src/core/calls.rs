@@ -68,6 +68,18 @@ pub enum CallError {
     Platform(#[from] crate::Error),
 }
 
+impl CallError {
+    /// The `error.type` of the call's span.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            CallError::UnknownTool(_) => "unknown_tool",
+            CallError::InvalidArguments(_) => "invalid_arguments",
+            CallError::Busy(_) => "busy",
+            CallError::Platform(_) => "platform",
+        }
+    }
+}
+
 /// Longest tool name echoed back in an error.
 const MAX_ECHOED_NAME: usize = 64;
 
@@ -104,10 +116,40 @@ impl Calls {
         &self.access
     }
 
-    /// Runs one call: resolve, validate, admit, execute, count.
-    pub async fn call(&self, input: CallInput) -> Result<Called, CallError> {
+    /// Runs one call: resolve, validate, admit, execute, count, in one `tools/call` span whose
+    /// parent is the request's `traceparent` (a new trace when it has none or an invalid one).
+    pub async fn call(&self, mut input: CallInput) -> Result<Called, CallError> {
+        let span = tracing::info_span!(
+            "tools/call",
+            "otel.name" = format!("tools/call {}", input.tool),
+            "otel.kind" = "server",
+            "otel.status_code" = tracing::field::Empty,
+            "mcp.method.name" = "tools/call",
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %input.tool,
+            "enduser.id" = %input.who.user,
+            "toolyard.auth.issuer" = %input.who.issuer,
+            "toolyard.call.id" = tracing::field::Empty,
+            "toolyard.task.id" = input.parent_task.as_ref().map(tracing::field::display),
+            "error.type" = tracing::field::Empty,
+        );
+        toolyard_telemetry::set_parent(&span, input.traceparent.as_deref());
+        input.traceparent = toolyard_telemetry::pass_on(&span, input.traceparent.take());
+        let outcome = self.run(input).instrument(span.clone()).await;
+        if let Err(e) = &outcome {
+            span.record("otel.status_code", "ERROR").record("error.type", e.kind());
+        }
+        outcome
+    }
+
+    async fn run(&self, input: CallInput) -> Result<Called, CallError> {
         let started = Instant::now();
-        let tool = match self.access.resolve(&input.who, &input.selection, &input.tool).await {
+        let resolved = self
+            .access
+            .resolve(&input.who, &input.selection, &input.tool)
+            .instrument(tracing::info_span!("authorize"))
+            .await;
+        let tool = match resolved {
             Ok(Some(tool)) => tool,
             Ok(None) => return Err(CallError::UnknownTool(input.tool)),
             Err(e) => {
@@ -123,8 +165,11 @@ impl Calls {
         let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
 
         let owner = input.who.owner_key();
-        let elsewhere = self.executor.running_elsewhere(&owner);
-        let _permit = match self.limits.try_admit_call(owner.as_str(), elsewhere) {
+        let admitted = tracing::info_span!("admit").in_scope(|| {
+            let elsewhere = self.executor.running_elsewhere(&owner);
+            self.limits.try_admit_call(owner.as_str(), elsewhere)
+        });
+        let _permit = match admitted {
             Ok(permit) => permit,
             Err(rejection) => {
                 self.metrics.admission_rejected(rejection);
@@ -137,27 +182,23 @@ impl Calls {
         };
 
         let id = new_call_id(tool.name());
-        let span = tracing::info_span!(
-            "tool_call",
-            tool = %tool.name(),
-            call = %id,
-            user = %input.who.user,
-            task = input.parent_task.as_ref().map(tracing::field::display),
-        );
+        tracing::Span::current().record("toolyard.call.id", tracing::field::display(&id));
+        // The executor's span is the parent of everything the call runs elsewhere (the
+        // controller's reconcile, the runner, the function).
+        let execute = tracing::info_span!("execute");
         let request = CallRequest {
             id: id.clone(),
             tool: tool.clone(),
             caller: input.who,
             arguments,
-            traceparent: input.traceparent,
+            traceparent: toolyard_telemetry::pass_on(&execute, input.traceparent),
             parent_task: input.parent_task,
             cancel: input.cancel,
             cancel_key: input.cancel_key,
         };
         self.metrics.calls_in_flight().inc();
-        let outcome = self.executor.call(request).instrument(span.clone()).await;
+        let outcome = self.executor.call(request).instrument(execute).await;
         self.metrics.calls_in_flight().dec();
-        let _enter = span.enter();
         self.count(&tool, &outcome, started);
         match outcome {
             Ok(result) => Ok(Called { id, result }),
@@ -178,6 +219,10 @@ impl Calls {
             Err(_) => CallOutcome::Error,
         };
         self.metrics.tool_call(tool.name(), counted, started.elapsed());
+        if counted != CallOutcome::Success {
+            let span = tracing::Span::current();
+            span.record("otel.status_code", "ERROR").record("error.type", counted.as_str());
+        }
         match outcome {
             Ok(_) => tracing::info!(
                 outcome = counted.as_str(),

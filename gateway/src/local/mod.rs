@@ -363,13 +363,15 @@ async fn wait_healthy(addr: SocketAddr) -> anyhow::Result<()> {
 
 /// Runs `toolyard-gateway local` until SIGTERM/SIGINT.
 pub async fn run(args: LocalArgs) -> anyhow::Result<()> {
-    crate::logging::init(args.log_format);
+    let telemetry = crate::logging::init(args.log_format);
     let gateway = start(args).await?;
     if let Err(e) = gateway.pools.wait_started().await {
         tracing::warn!(error = %e, "a warm worker did not start; its tool fails until it does (see above)");
     }
     print!("{}", banner::text(&gateway));
-    gateway.wait().await
+    let stopped = gateway.wait().await;
+    telemetry.shutdown();
+    stopped
 }
 
 #[cfg(test)]

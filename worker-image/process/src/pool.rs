@@ -238,7 +238,7 @@ impl WorkerPool {
                 }
             },
         };
-        let outcome = worker.call(call.id, call.arguments, call.timeout).await;
+        let outcome = worker.call(call.id, call.arguments, call.traceparent, call.timeout).await;
         if outcome.reusable {
             self.give_back(worker);
             drop(admitted);

@@ -37,6 +37,9 @@ pub struct Worker {
 struct Request<'a> {
     id: &'a str,
     arguments: &'a Map<String, Value>,
+    /// The W3C trace context of the call, for the function's span.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<&'a str>,
 }
 
 /// One answer line of the jsonl protocol.
@@ -119,12 +122,18 @@ impl Worker {
     }
 
     /// Runs one call; the worker must be dropped when the answer says it is not reusable.
-    pub async fn call(&mut self, id: &str, arguments: &Map<String, Value>, timeout: Duration) -> WorkerCall {
+    pub async fn call(
+        &mut self,
+        id: &str,
+        arguments: &Map<String, Value>,
+        traceparent: Option<&str>,
+        timeout: Duration,
+    ) -> WorkerCall {
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.stderr.take();
         let exchange = async {
-            let mut line = serde_json::to_vec(&Request { id, arguments }).map_err(|e| e.to_string())?;
+            let mut line = serde_json::to_vec(&Request { id, arguments, traceparent }).map_err(|e| e.to_string())?;
             line.push(b'\n');
             self.stdin.write_all(&line).await.map_err(|e| format!("cannot write to the worker: {e}"))?;
             self.stdin.flush().await.map_err(|e| format!("cannot write to the worker: {e}"))?;

@@ -9,7 +9,8 @@ arguments or bad invocation, 3 the result is not JSON (or holds NaN/Infinity).
 JSON-lines mode (`TOOLYARD_PROTOCOL=jsonl`), a long-lived worker for pools with
 process reuse: after `{"ready": true}`, each stdin line `{"id": "...", "arguments":
 {...}}` is answered by one stdout line `{"id": ..., "ok": true, "result": ...}` or
-`{"id": ..., "ok": false, "kind": ..., "error": "..."}`. The protocol owns the
+`{"id": ..., "ok": false, "kind": ..., "error": "..."}`. A request may carry the call's
+`"traceparent"` (file mode reads `$TRACEPARENT`). The protocol owns the
 original stdout and stdin; the function sees stderr as fd 1 and /dev/null as fd 0.
 
 Whatever the function prints goes to the process's stdout/stderr (the call's logs),
@@ -25,6 +26,7 @@ import sys
 import types
 from typing import IO, Any, NoReturn
 
+from . import _tracing
 from ._types import (
     BadResult,
     FunctionSpec,
@@ -77,8 +79,9 @@ def shorten(message: str, limit: int = MAX_ERROR_BYTES) -> str:
     return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
-def call(spec: FunctionSpec, arguments: Any) -> Any:
-    """Check the arguments, call the function and return its result as JSON data."""
+def call(spec: FunctionSpec, arguments: Any, traceparent: str | None = None) -> Any:
+    """Check the arguments, call the function and return its result as JSON data. The function
+    runs in its own span of the call's trace when OpenTelemetry is installed (`_tracing`)."""
     if not isinstance(arguments, dict):
         raise CallFailed("invalid_arguments", f"arguments must be a JSON object, got {kind_of(arguments)}")
     try:
@@ -86,13 +89,15 @@ def call(spec: FunctionSpec, arguments: Any) -> Any:
     except InvalidArguments as e:
         raise CallFailed("invalid_arguments", str(e)) from None
     try:
-        value = spec.func(**kwargs)
-        if _is_awaitable(value):
-            value = _await(value)
-    except (Exception, SystemExit) as e:
-        _print_exception(e)
-        text = str(e)
-        raise CallFailed("error", f"{type(e).__qualname__}: {text}" if text else type(e).__qualname__) from None
+        with _tracing.function_span(_span_name(spec), traceparent):
+            try:
+                value = spec.func(**kwargs)
+                if _is_awaitable(value):
+                    value = _await(value)
+            except (Exception, SystemExit) as e:
+                _print_exception(e)
+                text = str(e)
+                raise CallFailed("error", f"{type(e).__qualname__}: {text}" if text else type(e).__qualname__) from None
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -102,6 +107,12 @@ def call(spec: FunctionSpec, arguments: Any) -> Any:
         raise CallFailed("bad_result", str(e)) from None
     except RecursionError:
         raise CallFailed("bad_result", "result is nested too deeply (or contains itself)") from None
+
+
+def _span_name(spec: FunctionSpec) -> str:
+    module = getattr(spec.func, "__module__", None)
+    qualname = getattr(spec.func, "__qualname__", None) or spec.name
+    return f"{module}.{qualname}" if module else qualname
 
 
 def _is_awaitable(value: Any) -> bool:
@@ -174,9 +185,11 @@ def run_file_mode(target: str | None, usage_error: str | None = None) -> int:
     except ValueError as e:  # also UnicodeDecodeError and json.JSONDecodeError
         return fail(2, f"arguments on stdin are not valid JSON: {e}")
     try:
-        result = call(spec, arguments)
+        result = call(spec, arguments, os.environ.get("TRACEPARENT"))
     except CallFailed as e:
         return fail(EXIT_CODES[e.kind], e.message, echo=e.kind != "error")  # tracebacks are already out
+    finally:
+        _tracing.flush()
     try:
         with open(result_path, "w", encoding="utf-8") as f:
             f.write(dump_json(result))
@@ -208,8 +221,10 @@ def serve_line(spec: FunctionSpec, line: bytes) -> dict[str, Any]:
         return refuse("request 'id' must be a string")
     if not isinstance(request.get("arguments"), dict):
         return refuse("request 'arguments' must be a JSON object")
+    traceparent = request.get("traceparent")
     try:
-        return {"id": request_id, "ok": True, "result": call(spec, request["arguments"])}
+        result = call(spec, request["arguments"], traceparent if isinstance(traceparent, str) else None)
+        return {"id": request_id, "ok": True, "result": result}
     except CallFailed as e:
         return {"id": request_id, "ok": False, "kind": e.kind, "error": shorten(e.message)}
 

@@ -1,0 +1,251 @@
+//! Traces in local mode, end to end: `toolyard-gateway local` (the binary, as a user starts it)
+//! with the standard `OTEL_*` variables pointing at a real trace store (Jaeger v2, started with
+//! the test cluster), called by a real MCP client (rmcp over Streamable HTTP) that sends its
+//! `traceparent` in `_meta`. The store's query API must show one trace from the client's span
+//! through the gateway, the runner and the Python function; an invalid `traceparent` starts a
+//! new trace; a collector that is down or never answers costs no call.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, RequestMetaObject};
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::repo_path;
+use toolyard_tests::traces::{Trace, TraceStore};
+
+const TOKEN: &str = "ty_tracing-local-test-token-01";
+const GATEWAY: &str = "toolyard-gateway";
+const RUNNER: &str = "toolyard-runner";
+const FUNCTION: &str = "toolyard-function";
+/// How long the store may take to show spans (the processes send them in batches).
+const STORE_WAIT: Duration = Duration::from_secs(60);
+
+/// A `toolyard-gateway local` process serving the pricing example, exporting to `otlp`.
+struct Gateway {
+    process: tokio::process::Child,
+    url: String,
+    _data: TempDir,
+}
+
+impl Gateway {
+    async fn start(user: &str, otlp: &str) -> Self {
+        let data = TempDir::new("tracing-local");
+        let mut process = tokio::process::Command::new(local::binary("toolyard-gateway"))
+            .arg("local")
+            .arg(repo_path("examples/pricing"))
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["--listen", "127.0.0.1:0", "--token", TOKEN, "--user", user])
+            .args(["--runner", local::binary("toolyard-runner").to_str().expect("utf-8"), "--python", &local::python()])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
+            // Small batches, sent soon: the test reads the store right after the calls.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("toolyard-gateway local starts");
+        let mut lines = BufReader::new(process.stdout.take().expect("piped")).lines();
+        let url = loop {
+            let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+                .await
+                .expect("the banner within 2 minutes")
+                .expect("stdout")
+                .expect("the gateway keeps running");
+            if let Some(url) = line.trim().strip_prefix("MCP URL:") {
+                break url.trim().to_owned();
+            }
+        };
+        // Keep reading stdout so the gateway never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self { process, url, _data: data }
+    }
+
+    async fn client(&self) -> RunningService<RoleClient, ClientConfig> {
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(self.url.clone()).auth_header(TOKEN.to_owned()),
+        );
+        ClientConfig::default()
+            .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+            .await
+            .expect("MCP client connects")
+    }
+
+    async fn stop(mut self) {
+        if let Some(pid) = self.process.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.process.wait()).await;
+    }
+}
+
+/// `tools/call` with `_meta.traceparent`.
+async fn call(
+    client: &RunningService<RoleClient, ClientConfig>,
+    tool: &str,
+    arguments: Value,
+    traceparent: &str,
+) -> CallToolResult {
+    let mut params =
+        CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.as_object().expect("object").clone());
+    let mut meta = RequestMetaObject::new();
+    meta.0.set_traceparent(traceparent);
+    params.meta = Some(meta);
+    let result = client.call_tool(params).await.unwrap_or_else(|e| panic!("tools/call {tool}: {e}"));
+    assert_ne!(result.is_error, Some(true), "{tool} failed: {result:?}");
+    result
+}
+
+fn atm() -> Value {
+    json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05})
+}
+
+/// A fresh trace id and the client's span id, as a `traceparent`.
+fn client_context() -> (String, String, String) {
+    let trace = format!("{:032x}", rand_u128());
+    let span = format!("{:016x}", rand_u128() as u64 | 1);
+    let traceparent = format!("00-{trace}-{span}-01");
+    (trace, span, traceparent)
+}
+
+fn rand_u128() -> u128 {
+    let mut bytes = [0u8; 16];
+    let file = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
+    std::io::Read::read_exact(&mut &file, &mut bytes).expect("random bytes");
+    u128::from_le_bytes(bytes) | 1
+}
+
+/// The gateway's spans of one call: `tools/call <tool>` under the client's span, with its
+/// `authorize`, `admit` and `execute` children. Returns the `execute` span's id.
+fn gateway_part(trace: &Trace, tool: &str, client_span: &str) -> String {
+    let call = trace.one(GATEWAY, &format!("tools/call {tool}"));
+    assert_eq!(call.parent.as_deref(), Some(client_span), "the client's span is the parent:\n{}", trace.tree());
+    assert_eq!(call.tags.get("gen_ai.tool.name").map(String::as_str), Some(tool));
+    assert_eq!(call.tags.get("mcp.method.name").map(String::as_str), Some("tools/call"));
+    assert_eq!(call.tags.get("span.kind").map(String::as_str), Some("server"), "{:?}", call.tags);
+    assert!(
+        call.tags.get("toolyard.call.id").is_some_and(|id| id.starts_with(&tool.replace('_', "-"))),
+        "{:?}",
+        call.tags
+    );
+    for child in ["authorize", "admit", "execute"] {
+        let span = trace.one(GATEWAY, child);
+        assert_eq!(trace.parent(span).id, call.id, "{child} is a child of tools/call:\n{}", trace.tree());
+    }
+    trace.one(GATEWAY, "execute").id.clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_one_trace_from_the_client_to_the_python_function() {
+    let store = TraceStore::get();
+    let gateway = Gateway::start("tracing-one-trace", &store.otlp_endpoint).await;
+    let client = gateway.client().await;
+
+    // A Job-mode tool: gateway -> runner process -> Python process.
+    let (trace_id, client_span, traceparent) = client_context();
+    call(&client, "price_option", atm(), &traceparent).await;
+    let python = "pricing.options.price_option";
+    let expected =
+        [(GATEWAY, "tools/call price_option"), (RUNNER, "call"), (RUNNER, "function.call"), (FUNCTION, python)];
+    let trace = store.wait_for(&trace_id, &expected, STORE_WAIT).await.expect("the trace reaches the store");
+    let execute = gateway_part(&trace, "price_option", &client_span);
+    let runner = trace.one(RUNNER, "call");
+    assert_eq!(runner.parent.as_deref(), Some(execute.as_str()), "the runner under execute:\n{}", trace.tree());
+    for child in ["read input", "function.call", "upload"] {
+        assert_eq!(trace.parent(trace.one(RUNNER, child)).id, runner.id, "{child} under call:\n{}", trace.tree());
+    }
+    let function = trace.one(FUNCTION, python);
+    assert_eq!(trace.parent(function).id, trace.one(RUNNER, "function.call").id, "\n{}", trace.tree());
+    assert!(trace.spans.iter().all(|s| !s.tags.contains_key("otel.name")), "otel.* fields are not attributes");
+
+    // A reused warm worker (the pool runs in the gateway): gateway -> the worker's function span.
+    let (trace_id, client_span, traceparent) = client_context();
+    call(&client, "get_quote", json!({"symbol": "AAPL"}), &traceparent).await;
+    let python = "pricing.quotes.get_quote";
+    let trace = store
+        .wait_for(&trace_id, &[(GATEWAY, "tools/call get_quote"), (FUNCTION, python)], STORE_WAIT)
+        .await
+        .expect("the pooled call's trace reaches the store");
+    let execute = gateway_part(&trace, "get_quote", &client_span);
+    assert_eq!(trace.one(FUNCTION, python).parent.as_deref(), Some(execute.as_str()), "\n{}", trace.tree());
+
+    client.cancel().await.expect("client closes");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_traceparent_starts_a_new_trace() {
+    let store = TraceStore::get();
+    let user = format!("tracing-invalid-{:08x}", rand_u128() as u32);
+    let gateway = Gateway::start(&user, &store.otlp_endpoint).await;
+    let client = gateway.client().await;
+    let invalid = "00-ZZZZ5f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    call(&client, "calc_greeks", atm(), invalid).await;
+
+    let deadline = tokio::time::Instant::now() + STORE_WAIT;
+    let found = loop {
+        let found = store.find(GATEWAY, "enduser.id", &user).await.expect("search");
+        if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(found.len(), 1, "one trace for the user's one call: {found:?}");
+    let trace = store
+        .wait_for(
+            &found[0],
+            &[(GATEWAY, "tools/call calc_greeks"), (FUNCTION, "pricing.options.calc_greeks")],
+            STORE_WAIT,
+        )
+        .await
+        .expect("the whole trace");
+    let root = trace.one(GATEWAY, "tools/call calc_greeks");
+    assert_eq!(root.parent, None, "the gateway's span is the root of a new trace:\n{}", trace.tree());
+    assert!(!invalid.contains(&trace.id), "a new trace id");
+    assert_eq!(trace.one(FUNCTION, "pricing.options.calc_greeks").service, FUNCTION);
+
+    client.cancel().await.expect("client closes");
+    gateway.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_is_down_or_never_answers_costs_no_call() {
+    // Down: nothing listens. Silent: accepts connections and never answers.
+    let down = {
+        let socket = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        socket.local_addr().expect("addr")
+    };
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            open.push(stream);
+        }
+    });
+    for endpoint in [format!("http://{down}"), format!("http://{silent_addr}")] {
+        let gateway = Gateway::start("tracing-no-collector", &endpoint).await;
+        let client = gateway.client().await;
+        for n in 0..3 {
+            let (_, _, traceparent) = client_context();
+            let result = call(&client, "price_option", atm(), &traceparent).await;
+            let price = result.structured_content.as_ref().and_then(|v| v["price"].as_f64());
+            assert!(price.is_some_and(|p| (p - 10.4506).abs() < 1e-4), "call {n} via {endpoint}: {result:?}");
+            call(&client, "get_quote", json!({"symbol": "MSFT"}), &traceparent).await;
+        }
+        client.cancel().await.expect("client closes");
+        gateway.stop().await;
+    }
+    held.abort();
+}
