@@ -63,17 +63,21 @@ fn every_locked_crate_has_a_permissive_licence() {
 }
 
 /// Prints each installed distribution as `name version<TAB>licence`: the SPDX
-/// `License-Expression` (PEP 639) or, for packages that predate it, the licences their
-/// classifiers name.
+/// `License-Expression` (PEP 639); for packages that predate it, the licences their
+/// classifiers name, else their one-line `License` field (both mapped to SPDX names).
 const LIST_PYTHON_LICENCES: &str = r#"
 import importlib.metadata as md
 SPDX = {"MIT License": "MIT", "BSD License": "BSD-3-Clause", "Apache Software License": "Apache-2.0",
-        "Python Software Foundation License": "PSF-2.0", "ISC License (ISCL)": "ISC"}
+        "Python Software Foundation License": "PSF-2.0", "ISC License (ISCL)": "ISC",
+        "Mozilla Public License 2.0 (MPL 2.0)": "MPL-2.0", "3-Clause BSD License": "BSD-3-Clause"}
 for d in md.distributions():
     m = d.metadata
     expr = m.get("License-Expression")
     if not expr:
         named = [c.split(" :: ")[-1] for c in m.get_all("Classifier") or [] if c.startswith("License ::")]
+        field = (m.get("License") or "").strip()
+        if not named and field and "\n" not in field:
+            named = [field]
         expr = " OR ".join(SPDX.get(n, n.replace(" ", "_")) for n in named)
     print(f"{m['Name']} {m['Version']}\t{expr}")
 "#;
