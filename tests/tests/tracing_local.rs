@@ -16,6 +16,7 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::model_server::{ScriptedModel, Turn};
 use toolyard_tests::repo_path;
 use toolyard_tests::traces::{Trace, TraceStore};
 
@@ -35,8 +36,15 @@ struct Gateway {
 
 impl Gateway {
     async fn start(user: &str, otlp: &str) -> Self {
+        Self::start_with(user, otlp, &[]).await
+    }
+
+    /// With extra environment variables (a model endpoint for coding tasks).
+    async fn start_with(user: &str, otlp: &str, env: &[(&str, &str)]) -> Self {
         let data = TempDir::new("tracing-local");
         let mut process = tokio::process::Command::new(local::binary("toolyard-gateway"))
+            .env_remove("TOOLYARD_MODEL_BASE_URL")
+            .envs(env.iter().copied())
             .arg("local")
             .arg(repo_path("examples/pricing"))
             .arg("--data-dir")
@@ -248,4 +256,85 @@ async fn a_collector_that_is_down_or_never_answers_costs_no_call() {
         gateway.stop().await;
     }
     held.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coding_task_is_one_trace_through_the_agent_its_model_calls_and_its_tool_calls() {
+    let store = TraceStore::get();
+    let model = ScriptedModel::start(
+        "sk-tracing-test-key-0001",
+        vec![
+            Turn::code(
+                "p = price_option(spot=100, strike=100, time_to_expiry=1, volatility=0.2, rate=0.05)\nprint(p['price'])",
+            ),
+            Turn::code("final_answer({'task_type': 'analysis', 'summary': 'priced', 'metrics': {'price': p['price']}})")
+                .expecting("10.45"),
+        ],
+    )
+    .await;
+    let base_url = model.base_url();
+    let env = [
+        ("TOOLYARD_MODEL_BASE_URL", base_url.as_str()),
+        ("TOOLYARD_MODEL", "scripted-model"),
+        ("TOOLYARD_MODEL_API_KEY", model.api_key()),
+    ];
+    let gateway = Gateway::start_with("tracing-coding", &store.otlp_endpoint, &env).await;
+    let client = gateway.client().await;
+    let (trace_id, client_span, traceparent) = client_context();
+    let result = call(&client, "run_coding_task", json!({"task": "price the ATM call"}), &traceparent).await;
+    let result = result.structured_content.expect("the task's result");
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
+
+    let expected = [
+        (GATEWAY, "tools/call run_coding_task"),
+        (RUNNER, "agent.run"),
+        (RUNNER, "model.generate"),
+        (GATEWAY, "chat scripted-model"),
+        (RUNNER, "tool.call"),
+        (GATEWAY, "tools/call price_option"),
+        (RUNNER, "call"),
+        (FUNCTION, "pricing.options.price_option"),
+    ];
+    let trace = store.wait_for(&trace_id, &expected, STORE_WAIT).await.expect("the task's trace reaches the store");
+    let task = trace.one(GATEWAY, "tools/call run_coding_task");
+    assert_eq!(task.parent.as_deref(), Some(client_span.as_str()), "\n{}", trace.tree());
+    let agent = trace.one(RUNNER, "agent.run");
+    assert_eq!(trace.parent(agent).id, task.id, "agent.run under the gateway's span:\n{}", trace.tree());
+
+    // Two model calls, each through the gateway's proxy, with the tokens the model reported.
+    let generations = trace.named(RUNNER, "model.generate");
+    assert_eq!(generations.len(), 2, "\n{}", trace.tree());
+    for generate in &generations {
+        assert_eq!(trace.parent(generate).id, agent.id, "\n{}", trace.tree());
+        assert_eq!(
+            generate.tags.get("gen_ai.usage.input_tokens").map(String::as_str),
+            Some("10"),
+            "{:?}",
+            generate.tags
+        );
+        assert_eq!(generate.tags.get("gen_ai.usage.output_tokens").map(String::as_str), Some("10"));
+    }
+    for chat in trace.named(GATEWAY, "chat scripted-model") {
+        let proxy = trace.parent(chat);
+        assert_eq!(proxy.name, "model.proxy", "\n{}", trace.tree());
+        assert!(
+            generations.iter().any(|g| g.id == trace.parent(proxy).id),
+            "under a model.generate:\n{}",
+            trace.tree()
+        );
+        assert_eq!(chat.tags.get("gen_ai.request.model").map(String::as_str), Some("scripted-model"));
+    }
+
+    // The agent's tool call: its child is the gateway's tools/call, then the runner and the function.
+    let tool_call = trace.one(RUNNER, "tool.call");
+    assert_eq!(trace.parent(tool_call).id, agent.id, "\n{}", trace.tree());
+    let gateway_call = trace.one(GATEWAY, "tools/call price_option");
+    assert_eq!(trace.parent(gateway_call).id, tool_call.id, "\n{}", trace.tree());
+    assert_eq!(gateway_call.tags.get("toolyard.task.id"), task.tags.get("toolyard.task.id"));
+    let runner = trace.one(RUNNER, "call");
+    assert_eq!(trace.parent(trace.parent(runner)).id, gateway_call.id, "runner under execute:\n{}", trace.tree());
+
+    client.cancel().await.expect("client closes");
+    gateway.stop().await;
 }

@@ -120,10 +120,16 @@ impl InternalApi {
         content_type: &str,
     ) -> Result<Bytes, ApiError> {
         let url = format!("{}{path}", self.base);
+        // The trace context of the span the request is made in: a tool call the agent makes
+        // is a child of its `tool.call` span.
+        let traceparent = toolyard_telemetry::traceparent(&tracing::Span::current());
         let mut delay = Duration::from_millis(100);
         let mut attempt = 1;
         loop {
             let mut request = self.http.request(method.clone(), &url).bearer_auth(&self.token);
+            if let Some(traceparent) = &traceparent {
+                request = request.header("traceparent", traceparent);
+            }
             if let Some(body) = &body {
                 request = request.header(reqwest::header::CONTENT_TYPE, content_type).body(body.clone());
             }

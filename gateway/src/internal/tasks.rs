@@ -9,6 +9,7 @@
 //! is a call like any other (a ToolCall on Kubernetes) naming the task as its parent.
 
 use std::sync::Arc;
+use tracing::Instrument;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
@@ -261,7 +262,10 @@ pub async fn model_chat(
         Ok(b) => b,
         Err(e) => return refuse(ProxyError { status: e.status.as_u16(), message: e.message }),
     };
-    match model_call(api, &id, &record, &bytes).await {
+    // In the agent's trace: a child of its `model.generate` span.
+    let span = tracing::info_span!("model.proxy", "otel.kind" = "server", "toolyard.task.id" = %id);
+    toolyard_telemetry::set_parent(&span, headers.get("traceparent").and_then(|v| v.to_str().ok()));
+    match model_call(api, &id, &record, &bytes).instrument(span).await {
         Ok(forwarded) => {
             let status = StatusCode::from_u16(forwarded.status).unwrap_or(StatusCode::BAD_GATEWAY);
             let mut response =

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::OwnerKey;
 use toolyard_api::codingtask::{Budgets, ToolSelection};
 use toolyard_api::storage::{self, RunId};
+use tracing::Instrument;
 
 use super::builtin::MAX_CHUNK;
 use super::errors;
@@ -159,7 +160,32 @@ impl TaskTools<'_> {
     /// `run_coding_task(task, tools?, model?, budgets?)`.
     /// The wait ends (the task goes on) when `stop` fires: the client cancelled the request
     /// or went away.
+    /// The call is a `tools/call run_coding_task` span of the request's trace; the agent's
+    /// `agent.run` span is its child.
     pub async fn run(
+        &self,
+        args: &Map<String, Value>,
+        context: &RequestContext<RoleServer>,
+        traceparent: Option<String>,
+        stop: CancellationToken,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let span = tracing::info_span!(
+            "tools/call",
+            "otel.name" = "tools/call run_coding_task",
+            "otel.kind" = "server",
+            "mcp.method.name" = "tools/call",
+            "gen_ai.operation.name" = "invoke_agent",
+            "gen_ai.tool.name" = "run_coding_task",
+            "enduser.id" = %self.who.user,
+            "toolyard.auth.issuer" = %self.who.issuer,
+            "toolyard.task.id" = tracing::field::Empty,
+        );
+        toolyard_telemetry::set_parent(&span, traceparent.as_deref());
+        let traceparent = toolyard_telemetry::pass_on(&span, traceparent);
+        self.start_and_wait(args, context, traceparent, stop).instrument(span).await
+    }
+
+    async fn start_and_wait(
         &self,
         args: &Map<String, Value>,
         context: &RequestContext<RoleServer>,
@@ -212,6 +238,7 @@ impl TaskTools<'_> {
             Err(crate::Error::Unavailable(why)) => return Ok(error_result(why).into()),
             Err(e) => return Err(internal(self.state, &e)),
         };
+        tracing::Span::current().record("toolyard.task.id", tracing::field::display(&record.id));
         tracing::info!(task = %record.id, user = %self.who.user, "coding task started");
         if context.client_capabilities().is_some_and(|c| c.supports_tasks()) {
             let now = jiff::Timestamp::now().to_string();

@@ -17,6 +17,7 @@ pub mod profiles;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -167,8 +168,19 @@ impl ModelProxy {
         if let Some(key) = profile.api_key() {
             http = http.bearer_auth(key);
         }
+        let span = tracing::info_span!(
+            "chat",
+            "otel.name" = format!("chat {}", profile.model),
+            "otel.kind" = "client",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.request.model" = %profile.model,
+            "toolyard.model.profile" = %profile.name,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+        );
         let started = Instant::now();
-        let result = http.send().await;
+        let result = http.send().instrument(span.clone()).await;
         let forwarded = match result {
             Ok(response) => {
                 let status = response.status().as_u16();
@@ -177,9 +189,9 @@ impl ModelProxy {
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned);
-                match read_bounded(response).await {
+                match read_bounded(response).instrument(span.clone()).await {
                     Ok(body) => {
-                        let tokens = (status < 300).then(|| tokens_of(&body)).flatten();
+                        let tokens = (status < 300).then(|| tokens_of(&body, &span)).flatten();
                         Ok(Forwarded { status, retry_after, body, tokens })
                     }
                     Err(e) => Err(ProxyError::new(502, format!("the model endpoint of profile {}: {e}", profile.name))),
@@ -194,6 +206,9 @@ impl ModelProxy {
                 ))
             }
         };
+        if !matches!(&forwarded, Ok(f) if f.status < 300) {
+            span.record("otel.status_code", "ERROR");
+        }
         let outcome = match &forwarded {
             Ok(f) if f.status < 300 => "ok",
             Ok(f) if f.status == 429 => "rate_limited",
@@ -241,9 +256,16 @@ fn without_url(e: &reqwest::Error) -> String {
 }
 
 /// Tokens an OpenAI-style answer's `usage` reports.
-fn tokens_of(body: &[u8]) -> Option<i64> {
+/// Tokens the answer's `usage` reports (also recorded on `span`).
+fn tokens_of(body: &[u8], span: &tracing::Span) -> Option<i64> {
     let value: Value = serde_json::from_slice(body).ok()?;
     let usage = value.get("usage")?;
+    if let Some(n) = usage.get("prompt_tokens").and_then(Value::as_i64) {
+        span.record("gen_ai.usage.input_tokens", n);
+    }
+    if let Some(n) = usage.get("completion_tokens").and_then(Value::as_i64) {
+        span.record("gen_ai.usage.output_tokens", n);
+    }
     usage.get("total_tokens").and_then(Value::as_i64).or_else(|| {
         let prompt = usage.get("prompt_tokens").and_then(Value::as_i64).unwrap_or(0);
         let completion = usage.get("completion_tokens").and_then(Value::as_i64).unwrap_or(0);
@@ -355,10 +377,13 @@ mod tests {
 
     #[test]
     fn tokens_come_from_usage() {
-        assert_eq!(tokens_of(br#"{"usage": {"total_tokens": 42}}"#), Some(42));
-        assert_eq!(tokens_of(br#"{"usage": {"prompt_tokens": 40, "completion_tokens": 2}}"#), Some(42));
-        assert_eq!(tokens_of(br#"{"choices": []}"#), None);
-        assert_eq!(tokens_of(b"not json"), None);
+        assert_eq!(tokens_of(br#"{"usage": {"total_tokens": 42}}"#, &tracing::Span::none()), Some(42));
+        assert_eq!(
+            tokens_of(br#"{"usage": {"prompt_tokens": 40, "completion_tokens": 2}}"#, &tracing::Span::none()),
+            Some(42)
+        );
+        assert_eq!(tokens_of(br#"{"choices": []}"#, &tracing::Span::none()), None);
+        assert_eq!(tokens_of(b"not json", &tracing::Span::none()), None);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use toolyard_api::agent::{TaskResult, TaskSpec, TaskStatus, event};
 use toolyard_api::protocol::{Event, env, runner_exit};
+use tracing::Instrument;
 
 use crate::api::InternalApi;
 use conversation::Ending;
@@ -61,6 +62,9 @@ pub struct AgentArgs {
     /// Where to write the one-line summary (default: /dev/termination-log when it exists).
     #[arg(long, env = "TOOLYARD_TERMINATION_LOG")]
     pub termination_log: Option<PathBuf>,
+    /// W3C trace context of the request that started the task (the `agent.run` span's parent).
+    #[arg(long, env = env::TRACEPARENT)]
+    pub traceparent: Option<String>,
 }
 
 /// Settings of one agent run.
@@ -95,7 +99,18 @@ pub async fn main(args: AgentArgs) -> i32 {
         python: args.python,
         pythonpath: args.pythonpath.filter(|p| !p.is_empty()),
     };
-    let (code, summary) = run(&api, &settings, stop).await;
+    let span = tracing::info_span!(
+        "agent.run",
+        "gen_ai.operation.name" = "invoke_agent",
+        "toolyard.task.id" = %settings.task_id,
+        "otel.status_code" = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    );
+    toolyard_telemetry::set_parent(&span, args.traceparent.as_deref());
+    let (code, summary) = run(&api, &settings, stop).instrument(span.clone()).await;
+    if code != runner_exit::OK {
+        span.record("otel.status_code", "ERROR").record("error.type", "task_failed");
+    }
     write_termination_log(termination_log, &summary);
     code
 }

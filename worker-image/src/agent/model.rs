@@ -9,6 +9,7 @@
 //! not retried.
 
 use std::time::Duration;
+use tracing::Instrument;
 
 use async_openai::types::chat::{
     ChatCompletionRequestAssistantMessage, ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
@@ -123,6 +124,18 @@ impl ModelError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, ModelError::Malformed { .. })
     }
+
+    /// The `error.type` of the model call's span.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ModelError::Unauthorized { .. } => "unauthorized",
+            ModelError::RateLimited { .. } | ModelError::RetryAfterTooLong { .. } => "rate_limited",
+            ModelError::Status { .. } => "status",
+            ModelError::Unreachable { .. } => "unreachable",
+            ModelError::Malformed { .. } => "malformed",
+            ModelError::Deadline => "deadline",
+        }
+    }
 }
 
 /// How transient failures are retried inside one model call.
@@ -189,10 +202,26 @@ impl Model {
         };
         let body =
             serde_json::to_vec(&request).map_err(|e| self.malformed(format!("cannot encode the request: {e}")))?;
-        match tokio::time::timeout(remaining, self.with_retries(body)).await {
+        // One span per model call (retries included), with the token counts the answer gives.
+        let span = tracing::info_span!(
+            "model.generate",
+            "otel.kind" = "client",
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.request.model" = %self.settings.model,
+            "gen_ai.response.model" = tracing::field::Empty,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+            "error.type" = tracing::field::Empty,
+        );
+        let result = match tokio::time::timeout(remaining, self.with_retries(body)).instrument(span.clone()).await {
             Ok(result) => result,
             Err(_) => Err(ModelError::Deadline),
+        };
+        if let Err(e) = &result {
+            span.record("otel.status_code", "ERROR").record("error.type", e.kind());
         }
+        result
     }
 
     async fn with_retries(&self, body: Vec<u8>) -> Result<String, ModelError> {
@@ -243,6 +272,10 @@ impl Model {
         if !self.settings.api_key.is_empty() {
             request = request.bearer_auth(&self.settings.api_key);
         }
+        // The gateway's proxy spans are children of this call's `model.generate` span.
+        if let Some(traceparent) = toolyard_telemetry::traceparent(&tracing::Span::current()) {
+            request = request.header("traceparent", traceparent);
+        }
         let response = match request.send().await {
             Ok(r) => r,
             Err(e) => {
@@ -276,7 +309,15 @@ fn classify(base_url: &str, status: StatusCode, headers: &HeaderMap, body: &str,
                 base_url,
                 message: format!("not a chat completion ({e}); the body starts with {:?}", prefix(body, 200)),
             }),
-            Ok(response) => match response.choices.into_iter().next().and_then(|c| c.message.content) {
+            Ok(response) => match {
+                let span = tracing::Span::current();
+                span.record("gen_ai.response.model", response.model.as_str());
+                if let Some(usage) = &response.usage {
+                    span.record("gen_ai.usage.input_tokens", usage.prompt_tokens)
+                        .record("gen_ai.usage.output_tokens", usage.completion_tokens);
+                }
+                response.choices.into_iter().next().and_then(|c| c.message.content)
+            } {
                 Some(text) if !text.trim().is_empty() => Attempt::Done(text),
                 _ => Attempt::Fail(ModelError::Malformed {
                     base_url,

@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use toolyard_api::agent::{TaskSpec, event};
 use toolyard_api::storage::RelativePath;
+use tracing::Instrument;
 
 use super::Events;
 use super::harness::Requests;
@@ -64,7 +65,19 @@ impl Requests for StepRequests<'_> {
         self.tally.tool_calls += 1;
         let started = Instant::now();
         self.events.emit(event::TOOL_CALL_STARTED, json!({"tool": name, "step": self.step})).await;
-        let outcome = self.api.task_tool_call(&self.spec.id, name, &arguments).await;
+        // The gateway's spans of the call are children of this one (the request carries it).
+        let span = tracing::info_span!(
+            "tool.call",
+            "otel.kind" = "client",
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = name,
+            "toolyard.step" = self.step,
+            "otel.status_code" = tracing::field::Empty,
+        );
+        let outcome = self.api.task_tool_call(&self.spec.id, name, &arguments).instrument(span.clone()).await;
+        if !matches!(&outcome, Ok(o) if !o.is_error) {
+            span.record("otel.status_code", "ERROR");
+        }
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (call_id, result, error) = match outcome {
             Ok(o) if !o.is_error => (o.call_id, Some(o.structured_content.unwrap_or(Value::String(o.text))), None),
