@@ -300,6 +300,16 @@ impl Model {
     }
 }
 
+/// The answering model and its token counts, on the `model.generate` span.
+fn record_usage(response: &CreateChatCompletionResponse) {
+    let span = tracing::Span::current();
+    span.record("gen_ai.response.model", response.model.as_str());
+    if let Some(usage) = &response.usage {
+        span.record("gen_ai.usage.input_tokens", usage.prompt_tokens)
+            .record("gen_ai.usage.output_tokens", usage.completion_tokens);
+    }
+}
+
 /// What an HTTP answer means: the content, a retry (with the wait) or a final error.
 fn classify(base_url: &str, status: StatusCode, headers: &HeaderMap, body: &str, retry: &RetryPolicy) -> Attempt {
     let base_url = base_url.to_owned();
@@ -309,21 +319,16 @@ fn classify(base_url: &str, status: StatusCode, headers: &HeaderMap, body: &str,
                 base_url,
                 message: format!("not a chat completion ({e}); the body starts with {:?}", prefix(body, 200)),
             }),
-            Ok(response) => match {
-                let span = tracing::Span::current();
-                span.record("gen_ai.response.model", response.model.as_str());
-                if let Some(usage) = &response.usage {
-                    span.record("gen_ai.usage.input_tokens", usage.prompt_tokens)
-                        .record("gen_ai.usage.output_tokens", usage.completion_tokens);
+            Ok(response) => {
+                record_usage(&response);
+                match response.choices.into_iter().next().and_then(|c| c.message.content) {
+                    Some(text) if !text.trim().is_empty() => Attempt::Done(text),
+                    _ => Attempt::Fail(ModelError::Malformed {
+                        base_url,
+                        message: "the response has no message content".into(),
+                    }),
                 }
-                response.choices.into_iter().next().and_then(|c| c.message.content)
-            } {
-                Some(text) if !text.trim().is_empty() => Attempt::Done(text),
-                _ => Attempt::Fail(ModelError::Malformed {
-                    base_url,
-                    message: "the response has no message content".into(),
-                }),
-            },
+            }
         };
     }
     let message = error_message(body);
