@@ -65,6 +65,22 @@ pub struct Config {
     /// Log as JSON lines instead of text (`RUST_LOG` sets the filter).
     #[arg(long, env = "TOOLYARD_LOG_JSON", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub log_json: bool,
+
+    /// The `OTEL_*` variables of the controller's own environment that every run pod gets
+    /// too (the collector's address, sampling, batching), read at start; see [`run_telemetry_env`].
+    #[arg(skip = run_telemetry_env(std::env::vars()))]
+    pub run_telemetry_env: Vec<(String, String)>,
+}
+
+/// The `OTEL_*` variables of `vars` that run pods get: all but `OTEL_SERVICE_NAME` (each
+/// process names itself) and `*_HEADERS` (collector credentials never enter a run pod, whose
+/// image and code may be a tenant's), sorted by name.
+pub fn run_telemetry_env(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut kept: Vec<(String, String)> = vars
+        .filter(|(name, _)| name.starts_with("OTEL_") && name != "OTEL_SERVICE_NAME" && !name.ends_with("_HEADERS"))
+        .collect();
+    kept.sort();
+    kept
 }
 
 /// Timing of runs.
@@ -224,6 +240,22 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn run_pods_get_the_tracing_settings_but_no_collector_credentials() {
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer secret"),
+            ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-key=secret"),
+            ("OTEL_SERVICE_NAME", "toolyard-controller"),
+            ("OTEL_TRACES_SAMPLER", "always_on"),
+            ("RUST_LOG", "info"),
+        ];
+        let kept = super::run_telemetry_env(vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let names: Vec<&str> = kept.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER"]);
+    }
+
     use super::*;
 
     #[test]

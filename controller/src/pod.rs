@@ -160,6 +160,11 @@ pub fn tool_env(vars: &[toolyard_api::mcptool::EnvVar]) -> Vec<EnvVar> {
         .collect()
 }
 
+/// The tracing variables of every run container (`Config::run_telemetry_env`).
+pub fn telemetry_env(config: &crate::Config) -> impl Iterator<Item = EnvVar> + '_ {
+    config.run_telemetry_env.iter().map(|(name, value)| env(name, value.clone()))
+}
+
 /// Resources of a main container: the declared ones verbatim, else the defaults.
 pub fn resources(
     declared: Option<&ResourceRequirements>,

@@ -81,6 +81,41 @@ impl Trace {
     }
 }
 
+/// A client's span, as an MCP client sends it in `_meta.traceparent`: a fresh trace id and span id.
+#[derive(Clone, Debug)]
+pub struct ClientSpan {
+    /// Hex trace id.
+    pub trace_id: String,
+    /// Hex span id.
+    pub span_id: String,
+    /// `00-<trace id>-<span id>-01` (sampled).
+    pub traceparent: String,
+}
+
+impl ClientSpan {
+    /// New random ids.
+    pub fn new() -> Self {
+        let trace_id = format!("{:032x}", random_u128());
+        let span_id = format!("{:016x}", random_u128() as u64 | 1);
+        let traceparent = format!("00-{trace_id}-{span_id}-01");
+        Self { trace_id, span_id, traceparent }
+    }
+}
+
+impl Default for ClientSpan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A random non-zero number from the OS.
+pub fn random_u128() -> u128 {
+    let mut bytes = [0u8; 16];
+    let mut file = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
+    std::io::Read::read_exact(&mut file, &mut bytes).expect("random bytes");
+    u128::from_le_bytes(bytes) | 1
+}
+
 /// The trace store's query API.
 #[derive(Clone, Debug)]
 pub struct TraceStore {
@@ -100,6 +135,11 @@ impl TraceStore {
             otlp_endpoint: env.var("TOOLYARD_TEST_OTLP_ENDPOINT").to_owned(),
             http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().expect("an HTTP client"),
         }
+    }
+
+    /// The port of [`Self::otlp_endpoint`].
+    pub fn otlp_port(&self) -> u16 {
+        self.otlp_endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).expect("the OTLP endpoint has a port")
     }
 
     /// The trace `id` as stored now (empty when the store has none of its spans).

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use coding_support::{Client, MODEL_ID, MODEL_KEY, call, connect_with, structured, text_of};
+use coding_support::{Client, MODEL_ID, MODEL_KEY, call, call_in_trace, connect_with, structured, text_of};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, Secret, SecurityContext,
@@ -29,6 +29,7 @@ use tokio::process::{Child, Command};
 use toolyard_api::{McpTool, ToolCall};
 use toolyard_tests::local::TempDir;
 use toolyard_tests::model_server::{Gate, ScriptedModel, Turn, wait_for_requests};
+use toolyard_tests::traces::{ClientSpan, TraceStore};
 use toolyard_tests::{TestEnv, User, images, random_suffix, repo_path, wait_until};
 
 /// One installation of the chart, serving one team namespace.
@@ -98,6 +99,7 @@ impl Install {
         kubectl(&["-n", &ns, "rollout", "status", "deployment/toolyard-s3", "--timeout=120s"]);
 
         let release = format!("toolyard-{}", random_suffix(5));
+        let store = TraceStore::get();
         let started = Instant::now();
         let helm = std::process::Command::new(env.bin_dir().join("helm"))
             .env("KUBECONFIG", env.kubeconfig(User::Admin))
@@ -109,6 +111,11 @@ impl Install {
             .args(["--set", &format!("model.profiles[0].baseUrl={}", model.base_url())])
             .args(["--set", "model.profiles[0].apiKeySecret.name=model-key"])
             .args(["--set", "model.profiles[0].apiKeySecret.key=api-key"])
+            // Traces to the test's trace store on the host, which run pods may reach.
+            .args(["--set", &format!("tracing.otlpEndpoint={}", store.otlp_endpoint)])
+            .args(["--set", "tracing.env.OTEL_BSP_SCHEDULE_DELAY=200"])
+            .args(["--set", &format!("networkPolicy.collectorTo[0].ipBlock.cidr={}/32", env.host_ip())])
+            .args(["--set", &format!("networkPolicy.collectorPort={}", store.otlp_port())])
             .args(["--wait", "--timeout", "5m"])
             .output()
             .expect("helm runs");
@@ -380,12 +387,54 @@ async fn scenario(install: &mut Install) {
         quote["seconds"].as_f64().unwrap_or_default()
     );
 
+    traces(install).await;
     hardening(install).await;
     missing_image(install).await;
     cancellation_kills_the_pod(install).await;
     network_policies(install).await;
     model_written_code_reaches_no_credential(install).await;
     coding_task_outlives_the_leading_controller(install).await;
+}
+
+/// One trace from the client through the gateway's pod, the controller's reconcile and the
+/// runner in the Job's pod (and in a warm pool's pod), read back from the trace store.
+async fn traces(install: &Install) {
+    const GATEWAY: &str = "toolyard-gateway";
+    const RUNNER: &str = "toolyard-runner";
+    let store = TraceStore::get();
+    let client = install.client().await;
+    let wait = Duration::from_secs(90);
+
+    let job = ClientSpan::new();
+    let atm = json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05});
+    structured(&call_in_trace(&client, "price_option", atm, &job.traceparent).await);
+    let expected = [
+        (GATEWAY, "tools/call price_option"),
+        ("toolyard-controller", "reconcile ToolCall"),
+        (RUNNER, "call"),
+        (RUNNER, "function.call"),
+        (RUNNER, "upload"),
+    ];
+    let trace = store.wait_for(&job.trace_id, &expected, wait).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let root = trace.one(GATEWAY, "tools/call price_option");
+    assert_eq!(root.parent.as_deref(), Some(job.span_id.as_str()), "\n{}", trace.tree());
+    let execute = trace.one(GATEWAY, "execute");
+    assert_eq!(trace.parent(execute).id, root.id, "\n{}", trace.tree());
+    for reconcile in trace.named("toolyard-controller", "reconcile ToolCall") {
+        assert_eq!(trace.parent(reconcile).id, execute.id, "reconciles under execute:\n{}", trace.tree());
+    }
+    let runner = trace.one(RUNNER, "call");
+    assert_eq!(trace.parent(runner).id, execute.id, "the Job's runner under execute:\n{}", trace.tree());
+    assert_eq!(trace.parent(trace.one(RUNNER, "function.call")).id, runner.id, "\n{}", trace.tree());
+
+    let pooled = ClientSpan::new();
+    structured(&call_in_trace(&client, "get_quote", json!({"symbol": "msft"}), &pooled.traceparent).await);
+    let trace = store
+        .wait_for(&pooled.trace_id, &[(GATEWAY, "tools/call get_quote"), (RUNNER, "call")], wait)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let execute = trace.one(GATEWAY, "execute");
+    assert_eq!(trace.parent(trace.one(RUNNER, "call")).id, execute.id, "the pool pod's runner:\n{}", trace.tree());
 }
 
 /// The hardening of run pods, as the function sees it from inside its container.

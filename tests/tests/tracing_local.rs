@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use toolyard_tests::local::{self, TempDir};
 use toolyard_tests::model_server::{ScriptedModel, Turn};
 use toolyard_tests::repo_path;
-use toolyard_tests::traces::{Trace, TraceStore};
+use toolyard_tests::traces::{ClientSpan, Trace, TraceStore, random_u128};
 
 const TOKEN: &str = "ty_tracing-local-test-token-01";
 const GATEWAY: &str = "toolyard-gateway";
@@ -119,19 +119,10 @@ fn atm() -> Value {
     json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05})
 }
 
-/// A fresh trace id and the client's span id, as a `traceparent`.
+/// A fresh client span: (trace id, span id, traceparent).
 fn client_context() -> (String, String, String) {
-    let trace = format!("{:032x}", rand_u128());
-    let span = format!("{:016x}", rand_u128() as u64 | 1);
-    let traceparent = format!("00-{trace}-{span}-01");
-    (trace, span, traceparent)
-}
-
-fn rand_u128() -> u128 {
-    let mut bytes = [0u8; 16];
-    let file = std::fs::File::open("/dev/urandom").expect("/dev/urandom");
-    std::io::Read::read_exact(&mut &file, &mut bytes).expect("random bytes");
-    u128::from_le_bytes(bytes) | 1
+    let span = ClientSpan::new();
+    (span.trace_id, span.span_id, span.traceparent)
 }
 
 /// The gateway's spans of one call: `tools/call <tool>` under the client's span, with its
@@ -195,7 +186,7 @@ async fn a_call_is_one_trace_from_the_client_to_the_python_function() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_invalid_traceparent_starts_a_new_trace() {
     let store = TraceStore::get();
-    let user = format!("tracing-invalid-{:08x}", rand_u128() as u32);
+    let user = format!("tracing-invalid-{:08x}", random_u128() as u32);
     let gateway = Gateway::start(&user, &store.otlp_endpoint).await;
     let client = gateway.client().await;
     let invalid = "00-ZZZZ5f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

@@ -101,3 +101,19 @@ map their state, and writes only the status of Toolyard objects.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/*
+The OTEL_* variables of every process (see values `tracing`), as container env entries.
+*/}}
+{{- define "toolyard.tracingEnv" -}}
+{{- with .Values.tracing }}
+{{- if .otlpEndpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .otlpEndpoint | quote }}
+{{- end }}
+{{- range $name, $value := .env }}
+- name: {{ $name }}
+  value: {{ $value | toString | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

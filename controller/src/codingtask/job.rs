@@ -31,6 +31,7 @@ pub fn desired_job(task: &CodingTask, config: &Config, now: Timestamp) -> Result
     if let Some(tp) = task.annotations().get(labels::TRACEPARENT_ANNOTATION) {
         vars.push(pod::env(env::TRACEPARENT, tp.clone()));
     }
+    vars.extend(pod::telemetry_env(config));
 
     let r = &config.resources;
     let container = Container {

@@ -106,6 +106,7 @@ pub fn desired_deployment(tool: &McpTool, config: &Config) -> Result<Deployment>
         pod::env(pool::env::REUSE, reuse_process.to_string()),
         pod::secret_env(pool::env::KEY, &key_secret_name(&name), KEY_KEY),
     ];
+    vars.extend(pod::telemetry_env(config));
     vars.extend(pod::tool_env(&runtime.env));
 
     let r = &config.resources;

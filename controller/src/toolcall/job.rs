@@ -39,6 +39,7 @@ pub fn desired_job(call: &ToolCall, tool: &McpTool, config: &Config, now: Timest
     if let Some(tp) = call.annotations().get(labels::TRACEPARENT_ANNOTATION) {
         vars.push(pod::env(env::TRACEPARENT, tp.clone()));
     }
+    vars.extend(pod::telemetry_env(config));
     vars.extend(pod::tool_env(&runtime.env));
 
     let r = &config.resources;

@@ -105,6 +105,15 @@ pub async fn call(client: &Client, name: &str, arguments: Value) -> CallToolResu
     client.call_tool(params).await.unwrap_or_else(|e| panic!("tools/call {name}: {e}"))
 }
 
+/// Calls a tool with the client's `traceparent` in `_meta`.
+pub async fn call_in_trace(client: &Client, name: &str, arguments: Value, traceparent: &str) -> CallToolResult {
+    let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(args(arguments));
+    let mut meta = rmcp::model::RequestMetaObject::new();
+    meta.0.set_traceparent(traceparent);
+    params.meta = Some(meta);
+    client.call_tool(params).await.unwrap_or_else(|e| panic!("tools/call {name}: {e}"))
+}
+
 /// Calls a tool and returns a protocol error as text too.
 pub async fn call_text(client: &Client, name: &str, arguments: Value) -> String {
     let params = CallToolRequestParams::new(name.to_owned()).with_arguments(args(arguments));

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use anyhow::Context;
 use axum::Router;
@@ -138,13 +139,18 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     if request.timeout_ms == 0 || request.timeout_ms > MAX_CALL_MS {
         return error_response(StatusCode::BAD_REQUEST, &format!("timeoutMs must be between 1 and {MAX_CALL_MS}"));
     }
+    // The pool pod's span of the call (the gateway's `execute` is its parent); the function's
+    // own span is its child.
+    let span = tracing::info_span!("call", "otel.kind" = "server", "toolyard.call.id" = %request.id);
+    toolyard_telemetry::set_parent(&span, request.traceparent.as_deref());
+    let traceparent = toolyard_telemetry::pass_on(&span, request.traceparent.clone());
     let call = PoolCall {
         id: &request.id,
         arguments: &request.arguments,
         timeout: Duration::from_millis(request.timeout_ms),
-        traceparent: request.traceparent.as_deref(),
+        traceparent: traceparent.as_deref(),
     };
-    let output = match server.pool.call(call).await {
+    let output = match server.pool.call(call).instrument(span).await {
         Ok(output) => output,
         Err(refused @ (Refused::Busy | Refused::Closed)) => {
             let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, &refused.to_string());
