@@ -27,7 +27,9 @@
 //! [`run_idle_spinner_process`]): at one client, waking a halted virtual CPU is a large part of
 //! a fast server's round trip. `TOOLYARD_BENCH_BASELINE_EXE` names another build of this bench
 //! (`target/release/deps/gateway_mcp-*`) whose gateway is measured too, in the same rounds, to
-//! compare two builds of the gateway.
+//! compare two builds of the gateway. `TOOLYARD_BENCH_TRACING=1` also measures the gateway with
+//! OTLP export on (every call's spans sent to the test cluster's trace store, Jaeger), in the
+//! same rounds, for the cost of tracing.
 
 #[path = "../tests/gateway_support/mod.rs"]
 mod gateway_support;
@@ -93,8 +95,11 @@ fn run_gateway_process() {
     if let Some(n) = std::env::var("TOOLYARD_BENCH_GATEWAY_WORKERS").ok().and_then(|n| n.parse().ok()) {
         builder.worker_threads(n);
     }
+    // As `toolyard-gateway` sets it up: export on when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+    let telemetry = toolyard_gateway::logging::init(toolyard_gateway::logging::LogFormat::Plain);
     let runtime = builder.enable_all().build().expect("runtime");
     runtime.block_on(async {
+        let _telemetry = telemetry;
         let env = TestEnv::get();
         let ns = std::env::var(NAMESPACE).expect("namespace");
         let client = env.client(User::Gateway).await;
@@ -368,7 +373,12 @@ fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
 
 /// A build of this bench (this one or `TOOLYARD_BENCH_BASELINE_EXE`) in `role`.
 fn spawn_exe(exe: &std::path::Path, role: &str, namespace: &str) -> (Killed, String) {
-    let (child, line) = spawn_role(exe, role, &[(NAMESPACE, namespace)]);
+    spawn_exe_with(exe, role, &[(NAMESPACE, namespace)])
+}
+
+/// [`spawn_exe`] with more environment.
+fn spawn_exe_with(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (Killed, String) {
+    let (child, line) = spawn_role(exe, role, env);
     let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
     (child, addr)
 }
@@ -477,6 +487,20 @@ async fn run_benchmark() {
         });
         child
     });
+    // The same gateway with its spans exported to the test cluster's trace store.
+    let traced_child = std::env::var("TOOLYARD_BENCH_TRACING").is_ok_and(|v| v == "1").then(|| {
+        let otlp = env.var("TOOLYARD_TEST_OTLP_ENDPOINT");
+        let exe = std::env::current_exe().expect("exe");
+        let (child, addr) =
+            spawn_exe_with(&exe, "gateway", &[(NAMESPACE, ns.as_str()), ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)]);
+        targets.push(Target {
+            name: "traced-gateway",
+            url: format!("http://{addr}/mcp"),
+            token: Some(env.token(User::Alice).to_owned()),
+            pid: child.0.id(),
+        });
+        child
+    });
     for target in &targets {
         wait_ready(target).await;
     }
@@ -539,13 +563,21 @@ async fn run_benchmark() {
          load), median over the rounds:"
     );
     println!();
-    let baseline_columns =
-        if baseline_child.is_some() { " gateway / baseline calls/s | baseline / gateway CPU per call |" } else { "" };
+    let mut baseline_columns =
+        if baseline_child.is_some() { " gateway / baseline calls/s | baseline / gateway CPU per call |" } else { "" }
+            .to_owned();
+    if traced_child.is_some() {
+        baseline_columns.push_str(" traced / untraced calls/s | traced / untraced CPU per call |");
+    }
     println!(
         "| node | op | clients | calls/s ratio (gateway / python) | CPU per call ratio (python / gateway) | \
          floor: bare axum / python calls/s | gateway / bare axum calls/s |{baseline_columns}"
     );
-    println!("|---|---|---|---|---|---|---|{}", if baseline_child.is_some() { "---|---|" } else { "" });
+    println!(
+        "|---|---|---|---|---|---|---|{}{}",
+        if baseline_child.is_some() { "---|---|" } else { "" },
+        if traced_child.is_some() { "---|---|" } else { "" }
+    );
     for &node in &nodes {
         for &op in &ops {
             for &clients in &client_counts {
@@ -586,6 +618,13 @@ async fn run_benchmark() {
                         " {:.2} | {:.2} |",
                         ratio(gateway, "baseline-gateway", calls),
                         ratio("baseline-gateway", gateway, cpu)
+                    );
+                }
+                if traced_child.is_some() {
+                    print!(
+                        " {:.2} | {:.2} |",
+                        ratio("traced-gateway", gateway, calls),
+                        ratio("traced-gateway", gateway, cpu)
                     );
                 }
                 println!();

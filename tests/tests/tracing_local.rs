@@ -31,6 +31,8 @@ const STORE_WAIT: Duration = Duration::from_secs(60);
 struct Gateway {
     process: tokio::process::Child,
     url: String,
+    /// Its standard error (the logs).
+    log: std::path::PathBuf,
     _data: TempDir,
 }
 
@@ -42,6 +44,7 @@ impl Gateway {
     /// With extra environment variables (a model endpoint for coding tasks).
     async fn start_with(user: &str, otlp: &str, env: &[(&str, &str)]) -> Self {
         let data = TempDir::new("tracing-local");
+        let log = data.path().with_extension("log");
         let mut process = tokio::process::Command::new(local::binary("toolyard-gateway"))
             .env_remove("TOOLYARD_MODEL_BASE_URL")
             .envs(env.iter().copied())
@@ -57,7 +60,7 @@ impl Gateway {
             .env("RUST_BACKTRACE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(std::fs::File::create(&log).expect("log file"))
             .kill_on_drop(true)
             .spawn()
             .expect("toolyard-gateway local starts");
@@ -67,14 +70,19 @@ impl Gateway {
                 .await
                 .expect("the banner within 2 minutes")
                 .expect("stdout")
-                .expect("the gateway keeps running");
+                .unwrap_or_else(|| panic!("the gateway exited: {}", std::fs::read_to_string(&log).unwrap_or_default()));
             if let Some(url) = line.trim().strip_prefix("MCP URL:") {
                 break url.trim().to_owned();
             }
         };
         // Keep reading stdout so the gateway never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { process, url, _data: data }
+        Self { process, url, log, _data: data }
+    }
+
+    /// What it logged so far.
+    fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     async fn client(&self) -> RunningService<RoleClient, ClientConfig> {
@@ -95,6 +103,7 @@ impl Gateway {
             );
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), self.process.wait()).await;
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -268,6 +277,7 @@ async fn a_coding_task_is_one_trace_through_the_agent_its_model_calls_and_its_to
         ("TOOLYARD_MODEL_BASE_URL", base_url.as_str()),
         ("TOOLYARD_MODEL", "scripted-model"),
         ("TOOLYARD_MODEL_API_KEY", model.api_key()),
+        ("TOOLYARD_LOG_FORMAT", "json"),
     ];
     let gateway = Gateway::start_with("tracing-coding", &store.otlp_endpoint, &env).await;
     let client = gateway.client().await;
@@ -325,7 +335,26 @@ async fn a_coding_task_is_one_trace_through_the_agent_its_model_calls_and_its_to
     assert_eq!(gateway_call.tags.get("toolyard.task.id"), task.tags.get("toolyard.task.id"));
     let runner = trace.one(RUNNER, "call");
     assert_eq!(trace.parent(trace.parent(runner)).id, gateway_call.id, "runner under execute:\n{}", trace.tree());
-
     client.cancel().await.expect("client closes");
+
+    // The logs: JSON lines; those written in a span carry its trace and span ids; rmcp's
+    // per-request lines are off; no secret of the run appears anywhere.
+    let logs = gateway.logs();
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let finished = lines
+        .iter()
+        .find(|l| l["message"] == "call finished")
+        .unwrap_or_else(|| panic!("no 'call finished' line in\n{logs}"));
+    assert_eq!(finished["trace_id"].as_str(), Some(trace.id.as_str()), "{finished}");
+    assert_eq!(finished["span_id"].as_str(), Some(gateway_call.id.as_str()), "the tools/call span: {finished}");
+    let started = lines.iter().find(|l| l["message"] == "coding task started").expect("a 'coding task started' line");
+    assert_eq!(started["span_id"].as_str(), Some(task.id.as_str()), "{started}");
+    assert!(!lines.iter().any(|l| l["target"].as_str().is_some_and(|t| t.starts_with("rmcp"))), "rmcp lines:\n{logs}");
+    for secret in [TOKEN, model.api_key()] {
+        assert!(!logs.contains(secret), "a secret in the logs:\n{logs}");
+    }
     gateway.stop().await;
 }
