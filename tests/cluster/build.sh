@@ -9,13 +9,14 @@
 #   tools:         helm (go install helm.sh/helm/v3/cmd/helm),
 #                  s3s-fs (cargo install s3s-fs, an S3-compatible server, Apache-2.0),
 #                  Jaeger v2 (github.com/jaegertracing/jaeger/cmd/jaeger, the trace store the
-#                  tracing tests send OTLP to and query; Apache-2.0)
+#                  tracing tests send OTLP to and query; Apache-2.0), promtool
+#                  (github.com/prometheus/prometheus/cmd/promtool: checks the chart's alerts)
 # Every piece is skipped when its binary is already in the cache. Prints the bin dir last.
 #
-#   tests/cluster/build.sh [all|k8s|etcd|helm|s3s|jaeger|node|debs|path]
+#   tests/cluster/build.sh [all|k8s|etcd|helm|s3s|jaeger|promtool|node|debs|path]
 #
 # Environment: TOOLYARD_CACHE (default $HOME/.cache/toolyard), K8S_VERSION, ETCD_VERSION,
-# HELM_VERSION, S3S_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION, JAEGER_VERSION.
+# HELM_VERSION, S3S_VERSION, COREDNS_VERSION, KUBE_ROUTER_VERSION, JAEGER_VERSION, PROMTOOL_VERSION.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-v1.34.4}
@@ -31,6 +32,8 @@ KUBE_ROUTER_VERSION=${KUBE_ROUTER_VERSION:-v2.1.0}
 # The Go module's v1.x tags carry the Jaeger v2 binary (cmd/jaeger, built on the
 # OpenTelemetry Collector). Kept out of the folder name: a new version rebuilds only Jaeger.
 JAEGER_VERSION=${JAEGER_VERSION:-v1.75.0}
+# Prometheus 3.x is the Go module's v0.3xx line.
+PROMTOOL_VERSION=${PROMTOOL_VERSION:-v0.316.0}
 CACHE=${TOOLYARD_CACHE:-$HOME/.cache/toolyard}
 BIN=$CACHE/cluster-bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION-s3s-$S3S_VERSION-coredns-$COREDNS_VERSION-kr-$KUBE_ROUTER_VERSION
 WORK=$CACHE/cluster-work
@@ -235,13 +238,29 @@ build_jaeger() {
   echo "$JAEGER_VERSION" >"$BIN/jaeger.version"
 }
 
+build_promtool() {
+  [[ -x $BIN/promtool && $(cat "$BIN/promtool.version" 2>/dev/null) == "$PROMTOOL_VERSION" ]] && return 0
+  need_go
+  log "building promtool $PROMTOOL_VERSION (checks the chart's alerts)"
+  local d=$WORK/promtool
+  rm -rf "$d"; mkdir -p "$d"; cd "$d"
+  go mod init toolyard.invalid/promtool-bin >/dev/null 2>&1
+  go_proxy_check "github.com/prometheus/prometheus@$PROMTOOL_VERSION"
+  go get -tool "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION" >"$WORK/promtool-get.log" 2>&1 \
+    || die "go get -tool promtool@$PROMTOOL_VERSION failed: $(tail -n 5 "$WORK/promtool-get.log")"
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$d/promtool" github.com/prometheus/prometheus/cmd/promtool \
+    || die "go build of promtool failed"
+  mv "$d/promtool" "$BIN/promtool"
+  echo "$PROMTOOL_VERSION" >"$BIN/promtool.version"
+}
+
 only=${1:-all}
 case $only in
   path) echo "$BIN"; exit 0 ;;
-  all) debs; build_etcd; build_helm; build_s3s; build_jaeger; build_k8s; build_pause; build_coredns; build_kube_router ;;
-  k8s) build_k8s ;; etcd) build_etcd ;; helm) build_helm ;; s3s) build_s3s ;; jaeger) build_jaeger ;;
+  all) debs; build_etcd; build_helm; build_s3s; build_jaeger; build_promtool; build_k8s; build_pause; build_coredns; build_kube_router ;;
+  k8s) build_k8s ;; etcd) build_etcd ;; helm) build_helm ;; s3s) build_s3s ;; jaeger) build_jaeger ;; promtool) build_promtool ;;
   node) debs; build_k8s; build_pause; build_coredns; build_kube_router ;;
   debs) debs ;;
-  *) die "usage: $0 [all|k8s|etcd|helm|s3s|jaeger|node|debs|path]" ;;
+  *) die "usage: $0 [all|k8s|etcd|helm|s3s|jaeger|promtool|node|debs|path]" ;;
 esac
 echo "$BIN"

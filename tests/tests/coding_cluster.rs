@@ -361,6 +361,7 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
         &call(&alice, "run_coding_task", json!({"task": "sleep", "budgets": {"timeout_seconds": 15}})).await,
     );
     assert_eq!(result["status"], "timed_out", "{result}");
+    platform.check_dashboard_and_alerts().await;
     platform.stop().await;
 }
 

@@ -322,20 +322,16 @@ impl ModelMetrics {
         }
     }
 
-    /// Registers them (prefix `toolyard_model_`).
+    /// Registers them in the gateway's registry (`toolyard_gateway_model_*`).
     pub fn register(&self, registry: &mut Registry) {
+        registry.register("model_requests", "Model calls of coding agents through the gateway", self.requests.clone());
         registry.register(
-            "toolyard_model_requests",
-            "Model calls of coding agents through the gateway",
-            self.requests.clone(),
-        );
-        registry.register(
-            "toolyard_model_tokens",
+            "model_tokens",
             "Model tokens (prompt and completion) used by coding agents",
             self.tokens.clone(),
         );
         registry.register(
-            "toolyard_model_request_duration_seconds",
+            "model_request_duration_seconds",
             "Duration of model calls through the gateway",
             self.duration.clone(),
         );

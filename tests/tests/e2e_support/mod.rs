@@ -55,6 +55,25 @@ pub struct Platform {
     ca: reqwest::Certificate,
 }
 
+/// The `toolyard_*` metric families a PromQL query reads (`_total`, `_bucket`, `_sum` and
+/// `_count` series belong to the family named without them).
+fn metric_names(query: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = query;
+    while let Some(at) = rest.find("toolyard_") {
+        let name: String =
+            rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+        rest = &rest[at + name.len()..];
+        let family = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name)
+            .to_owned();
+        names.push(family);
+    }
+    names
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
@@ -514,6 +533,109 @@ impl Platform {
             .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
             .await
             .expect("MCP client connects")
+    }
+
+    /// The chart's dashboard and alerts against this platform: every `toolyard_*` series their
+    /// queries read is one the running gateway and controller expose (an oversized request
+    /// first makes an admission refusal), and `promtool check rules` accepts the alerts.
+    pub async fn check_dashboard_and_alerts(&self) {
+        let env = TestEnv::get();
+        let oversized = self
+            .http()
+            .post(format!("{}/mcp", self.base))
+            .bearer_auth(env.token(User::Alice))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(vec![b' '; 5 * 1024 * 1024])
+            .send()
+            .await
+            .expect("an oversized request gets an answer");
+        assert_eq!(oversized.status(), reqwest::StatusCode::PAYLOAD_TOO_LARGE);
+
+        let mut exposed = std::collections::BTreeSet::new();
+        for ops in [&self.gateway_ops, &self.controller_ops] {
+            let text = reqwest::get(format!("{ops}/metrics")).await.expect("scrape").text().await.expect("body");
+            exposed
+                .extend(text.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next().map(str::to_owned)));
+        }
+
+        let out = std::process::Command::new(env.bin_dir().join("helm"))
+            .args(["template", "ty", repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", "toolyard"])
+            .args(["-f", repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8")])
+            .args([
+                "--set",
+                "monitoring.grafanaDashboard.enabled=true",
+                "--set",
+                "monitoring.prometheusRule.enabled=true",
+            ])
+            .args(["--show-only", "templates/monitoring/dashboard.yaml"])
+            .args(["--show-only", "templates/monitoring/prometheusrule.yaml"])
+            .output()
+            .expect("helm runs");
+        assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+        let mut queries = Vec::new();
+        let mut rules = None;
+        for doc in String::from_utf8(out.stdout).expect("utf-8").split("\n---") {
+            let doc: serde_json::Value = serde_saphyr::from_str(doc).expect("a rendered YAML document");
+            match doc["kind"].as_str() {
+                Some("ConfigMap") => {
+                    let dashboard: serde_json::Value =
+                        serde_json::from_str(doc["data"]["toolyard.json"].as_str().expect("the dashboard"))
+                            .expect("the dashboard is JSON");
+                    let panels = dashboard["panels"].as_array().expect("panels");
+                    queries.extend(
+                        panels
+                            .iter()
+                            .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+                            .filter_map(|t| t["expr"].as_str().map(str::to_owned)),
+                    );
+                    queries.extend(
+                        dashboard["templating"]["list"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|v| v["query"].as_str().filter(|q| q.contains('(')).map(str::to_owned)),
+                    );
+                }
+                Some("PrometheusRule") => {
+                    let groups = &doc["spec"]["groups"];
+                    queries.extend(
+                        groups
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+                            .filter_map(|r| r["expr"].as_str().map(str::to_owned)),
+                    );
+                    rules = Some(serde_json::json!({ "groups": groups }));
+                }
+                _ => {}
+            }
+        }
+        assert!(queries.len() >= 10, "the dashboard and the alerts have queries: {queries:?}");
+        let mut missing = Vec::new();
+        for query in &queries {
+            for name in metric_names(query) {
+                if !exposed.contains(&name) {
+                    missing.push(format!("{name} (in {query})"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "series no binary exposes:\n{}\nexposed: {exposed:?}", missing.join("\n"));
+
+        let rules_file = self.dir.path().join("rules.json");
+        std::fs::write(&rules_file, rules.expect("the PrometheusRule").to_string()).expect("rules file");
+        let promtool = std::process::Command::new(env.bin_dir().join("promtool"))
+            .args(["check", "rules"])
+            .arg(&rules_file)
+            .output()
+            .expect("promtool runs");
+        assert!(
+            promtool.status.success(),
+            "promtool check rules: {}{}",
+            String::from_utf8_lossy(&promtool.stdout),
+            String::from_utf8_lossy(&promtool.stderr)
+        );
     }
 
     /// Stops everything.
