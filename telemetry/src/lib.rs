@@ -107,7 +107,14 @@ pub fn init(settings: Settings) -> Telemetry {
     };
     let otel = provider.as_ref().map(|provider| {
         let targets = EXPORTED_TARGETS.iter().fold(Targets::new(), |t, name| t.with_target(*name, LevelFilter::INFO));
-        tracing_opentelemetry::layer().with_tracer(provider.tracer(settings.service)).with_filter(targets)
+        // No code location, thread or busy/idle attributes on every span: they cost more than
+        // they tell at the rate of tool calls.
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer(settings.service))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_filter(targets)
     });
     let ansi = std::io::stderr().is_terminal();
     let logs = match settings.format {

@@ -135,7 +135,7 @@ fn client_context() -> (String, String, String) {
 }
 
 /// The gateway's spans of one call: `tools/call <tool>` under the client's span, with its
-/// `authorize`, `admit` and `execute` children. Returns the `execute` span's id.
+/// `authorize` and `execute` children. Returns the `execute` span's id.
 fn gateway_part(trace: &Trace, tool: &str, client_span: &str) -> String {
     let call = trace.one(GATEWAY, &format!("tools/call {tool}"));
     assert_eq!(call.parent.as_deref(), Some(client_span), "the client's span is the parent:\n{}", trace.tree());
@@ -147,7 +147,7 @@ fn gateway_part(trace: &Trace, tool: &str, client_span: &str) -> String {
         "{:?}",
         call.tags
     );
-    for child in ["authorize", "admit", "execute"] {
+    for child in ["authorize", "execute"] {
         let span = trace.one(GATEWAY, child);
         assert_eq!(trace.parent(span).id, call.id, "{child} is a child of tools/call:\n{}", trace.tree());
     }

@@ -165,11 +165,9 @@ impl Calls {
         let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
 
         let owner = input.who.owner_key();
-        let admitted = tracing::info_span!("admit").in_scope(|| {
-            let elsewhere = self.executor.running_elsewhere(&owner);
-            self.limits.try_admit_call(owner.as_str(), elsewhere)
-        });
-        let _permit = match admitted {
+        // Admission takes microseconds: its refusal is the root span's `error.type` (busy).
+        let elsewhere = self.executor.running_elsewhere(&owner);
+        let _permit = match self.limits.try_admit_call(owner.as_str(), elsewhere) {
             Ok(permit) => permit,
             Err(rejection) => {
                 self.metrics.admission_rejected(rejection);
