@@ -152,7 +152,7 @@ impl Shared {
                 "ok"
             }
             Err(e) => {
-                span.record("otel.status_code", "ERROR").record("error.type", e.metric_label());
+                toolyard_telemetry::record_error(&span, e.metric_label());
                 e.metric_label()
             }
         };

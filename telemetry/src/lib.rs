@@ -264,6 +264,18 @@ pub fn pass_on(span: &tracing::Span, incoming: Option<String>) -> Option<String>
     traceparent(span).or(incoming)
 }
 
+/// Marks `span` failed: `otel.status_code` ERROR and `error.type` (fields the span declares).
+pub fn record_error(span: &tracing::Span, kind: &str) {
+    span.record("otel.status_code", "ERROR").record("error.type", kind);
+}
+
+/// Continues the trace of `incoming` in `span` ([`set_parent`]) and returns what to pass on
+/// from it ([`pass_on`]).
+pub fn continue_trace(span: &tracing::Span, incoming: Option<String>) -> Option<String> {
+    set_parent(span, incoming.as_deref());
+    pass_on(span, incoming)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

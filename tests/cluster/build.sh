@@ -222,36 +222,31 @@ build_s3s() {
   rm -rf "$WORK/s3s-target"
 }
 
-build_jaeger() {
-  [[ -x $BIN/jaeger && $(cat "$BIN/jaeger.version" 2>/dev/null) == "$JAEGER_VERSION" ]] && return 0
+# go_tool <name> <module> <version> <package> <why>: builds a Go program of the test harness
+# into $BIN/<name> (with <name>.version), unless that version is there already.
+go_tool() {
+  local name=$1 module=$2 version=$3 package=$4 why=$5 d=$WORK/$1
+  [[ -x $BIN/$name && $(cat "$BIN/$name.version" 2>/dev/null) == "$version" ]] && return 0
   need_go
-  log "building jaeger $JAEGER_VERSION (the trace store of the tracing tests)"
-  local d=$WORK/jaeger
+  log "building $name $version ($why)"
   rm -rf "$d"; mkdir -p "$d"; cd "$d"
-  go mod init toolyard.invalid/jaeger-bin >/dev/null 2>&1
-  go_proxy_check "github.com/jaegertracing/jaeger@$JAEGER_VERSION"
-  go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION" >"$WORK/jaeger-get.log" 2>&1 \
-    || die "go get -tool jaeger@$JAEGER_VERSION failed: $(tail -n 5 "$WORK/jaeger-get.log")"
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$d/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger \
-    || die "go build of jaeger failed"
-  mv "$d/jaeger" "$BIN/jaeger"
-  echo "$JAEGER_VERSION" >"$BIN/jaeger.version"
+  go mod init "toolyard.invalid/$name-bin" >/dev/null 2>&1
+  go_proxy_check "$module@$version"
+  go get -tool "$package@$version" >"$WORK/$name-get.log" 2>&1 \
+    || die "go get -tool $package@$version failed: $(tail -n 5 "$WORK/$name-get.log")"
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$d/$name" "$package" || die "go build of $name failed"
+  mv "$d/$name" "$BIN/$name"
+  echo "$version" >"$BIN/$name.version"
+}
+
+build_jaeger() {
+  go_tool jaeger github.com/jaegertracing/jaeger "$JAEGER_VERSION" github.com/jaegertracing/jaeger/cmd/jaeger \
+    "the trace store of the tracing tests"
 }
 
 build_promtool() {
-  [[ -x $BIN/promtool && $(cat "$BIN/promtool.version" 2>/dev/null) == "$PROMTOOL_VERSION" ]] && return 0
-  need_go
-  log "building promtool $PROMTOOL_VERSION (checks the chart's alerts)"
-  local d=$WORK/promtool
-  rm -rf "$d"; mkdir -p "$d"; cd "$d"
-  go mod init toolyard.invalid/promtool-bin >/dev/null 2>&1
-  go_proxy_check "github.com/prometheus/prometheus@$PROMTOOL_VERSION"
-  go get -tool "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION" >"$WORK/promtool-get.log" 2>&1 \
-    || die "go get -tool promtool@$PROMTOOL_VERSION failed: $(tail -n 5 "$WORK/promtool-get.log")"
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$d/promtool" github.com/prometheus/prometheus/cmd/promtool \
-    || die "go build of promtool failed"
-  mv "$d/promtool" "$BIN/promtool"
-  echo "$PROMTOOL_VERSION" >"$BIN/promtool.version"
+  go_tool promtool github.com/prometheus/prometheus "$PROMTOOL_VERSION" github.com/prometheus/prometheus/cmd/promtool \
+    "checks the chart's alerts"
 }
 
 only=${1:-all}

@@ -76,15 +76,14 @@ async fn call(mut args: CallArgs) -> Result<(i32, String), String> {
         "otel.status_code" = tracing::field::Empty,
         "error.type" = tracing::field::Empty,
     );
-    toolyard_telemetry::set_parent(&span, args.traceparent.as_deref());
-    args.traceparent = toolyard_telemetry::pass_on(&span, args.traceparent.take());
+    args.traceparent = toolyard_telemetry::continue_trace(&span, args.traceparent.take());
     let outcome = run_call(args).instrument(span.clone()).await;
     match &outcome {
         Err(_) => {
-            span.record("otel.status_code", "ERROR").record("error.type", "runner_error");
+            toolyard_telemetry::record_error(&span, "runner_error");
         }
         Ok((code, _)) if *code != runner_exit::OK => {
-            span.record("otel.status_code", "ERROR").record("error.type", "tool_error");
+            toolyard_telemetry::record_error(&span, "tool_error");
         }
         Ok(_) => {}
     }

@@ -133,11 +133,10 @@ impl Calls {
             "toolyard.task.id" = input.parent_task.as_ref().map(tracing::field::display),
             "error.type" = tracing::field::Empty,
         );
-        toolyard_telemetry::set_parent(&span, input.traceparent.as_deref());
-        input.traceparent = toolyard_telemetry::pass_on(&span, input.traceparent.take());
+        input.traceparent = toolyard_telemetry::continue_trace(&span, input.traceparent.take());
         let outcome = self.run(input).instrument(span.clone()).await;
         if let Err(e) = &outcome {
-            span.record("otel.status_code", "ERROR").record("error.type", e.kind());
+            toolyard_telemetry::record_error(&span, e.kind());
         }
         outcome
     }
@@ -219,7 +218,7 @@ impl Calls {
         self.metrics.tool_call(tool.name(), counted, started.elapsed());
         if counted != CallOutcome::Success {
             let span = tracing::Span::current();
-            span.record("otel.status_code", "ERROR").record("error.type", counted.as_str());
+            toolyard_telemetry::record_error(&span, counted.as_str());
         }
         match outcome {
             Ok(_) => tracing::info!(

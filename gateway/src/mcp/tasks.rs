@@ -180,8 +180,7 @@ impl TaskTools<'_> {
             "toolyard.auth.issuer" = %self.who.issuer,
             "toolyard.task.id" = tracing::field::Empty,
         );
-        toolyard_telemetry::set_parent(&span, traceparent.as_deref());
-        let traceparent = toolyard_telemetry::pass_on(&span, traceparent);
+        let traceparent = toolyard_telemetry::continue_trace(&span, traceparent);
         self.start_and_wait(args, context, traceparent, stop).instrument(span).await
     }
 

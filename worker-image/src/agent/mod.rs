@@ -109,7 +109,7 @@ pub async fn main(args: AgentArgs) -> i32 {
     toolyard_telemetry::set_parent(&span, args.traceparent.as_deref());
     let (code, summary) = run(&api, &settings, stop).instrument(span.clone()).await;
     if code != runner_exit::OK {
-        span.record("otel.status_code", "ERROR").record("error.type", "task_failed");
+        toolyard_telemetry::record_error(&span, "task_failed");
     }
     write_termination_log(termination_log, &summary);
     code

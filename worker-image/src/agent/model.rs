@@ -219,7 +219,7 @@ impl Model {
             Err(_) => Err(ModelError::Deadline),
         };
         if let Err(e) = &result {
-            span.record("otel.status_code", "ERROR").record("error.type", e.kind());
+            toolyard_telemetry::record_error(&span, e.kind());
         }
         result
     }

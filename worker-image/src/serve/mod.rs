@@ -142,8 +142,7 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     // The pool pod's span of the call (the gateway's `execute` is its parent); the function's
     // own span is its child.
     let span = tracing::info_span!("call", "otel.kind" = "server", "toolyard.call.id" = %request.id);
-    toolyard_telemetry::set_parent(&span, request.traceparent.as_deref());
-    let traceparent = toolyard_telemetry::pass_on(&span, request.traceparent.clone());
+    let traceparent = toolyard_telemetry::continue_trace(&span, request.traceparent.clone());
     let call = PoolCall {
         id: &request.id,
         arguments: &request.arguments,
