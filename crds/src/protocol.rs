@@ -22,6 +22,9 @@ pub mod env {
     pub const ERROR_FILE: &str = "TOOLYARD_ERROR_FILE";
     /// Set to `jsonl` for a reused worker process (Pool mode with `reuseProcess`).
     pub const PROTOCOL: &str = "TOOLYARD_PROTOCOL";
+    /// Set for the tool command (file protocol): where it may append [`super::Progress`]
+    /// reports, one JSON object per line (`toolyard.progress(...)` does).
+    pub const PROGRESS_FILE: &str = "TOOLYARD_PROGRESS_FILE";
 }
 
 /// Exit codes of the tool command, as the Python function runner uses them.
@@ -112,6 +115,10 @@ pub mod pool {
         /// Captured standard error (bounded, may be cut).
         #[serde(default)]
         pub stderr: String,
+        /// The function's progress reports ([`super::call_event::PROGRESS`] events), the
+        /// latest ones when there were more than [`super::MAX_PROGRESS_EVENTS`].
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub progress: Vec<super::Event>,
     }
 }
 
@@ -220,6 +227,69 @@ pub fn structured_content(value: &Value) -> serde_json::Map<String, Value> {
     }
 }
 
+/// Types of a direct call's lifecycle events (`calls/<id>/events/`).
+pub mod call_event {
+    /// The gateway admitted the call (`data`: `tool`, `mode`).
+    pub const ACCEPTED: &str = "call_accepted";
+    /// The function started (written by the runner, or by the gateway for pool calls).
+    pub const STARTED: &str = "call_started";
+    /// The function reported progress (`data`: `fraction`, `message`).
+    pub const PROGRESS: &str = "call_progress";
+    /// The call ended (`data`: `outcome`, `durationMs`, `error`).
+    pub const FINISHED: &str = "call_finished";
+}
+
+/// Most progress events kept for one call (the latest; a pool call returns at most these).
+pub const MAX_PROGRESS_EVENTS: usize = 64;
+
+/// Longest progress message kept, in characters.
+pub const MAX_PROGRESS_MESSAGE: usize = 200;
+
+/// A function's progress report: how far it is (0 to 1) and, optionally, what it does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Done so far, from 0 to 1.
+    pub fraction: f64,
+    /// A short sentence for the caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl Progress {
+    /// Reads a report written by a function: `{"progress": <0..1>, "message": "..."}` (the
+    /// jsonl protocol's line and the progress file's line have this shape). `None` for
+    /// anything else: a fraction that is not a number from 0 to 1, a message that is not a
+    /// string. The message is cut to [`MAX_PROGRESS_MESSAGE`] characters, control characters
+    /// replaced by spaces.
+    pub fn from_report(report: &Value) -> Option<Self> {
+        let fraction = report.get("progress")?.as_f64().filter(|f| (0.0..=1.0).contains(f))?;
+        let message = match report.get("message") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(m)) => {
+                Some(m.chars().take(MAX_PROGRESS_MESSAGE).map(|c| if c.is_control() { ' ' } else { c }).collect())
+            }
+            Some(_) => return None,
+        };
+        Some(Self { fraction, message })
+    }
+
+    /// The [`call_event::PROGRESS`] event of this report, at `time`.
+    pub fn event(&self, time: String) -> Event {
+        let data = serde_json::to_value(self).unwrap_or(Value::Null);
+        Event { time, type_: call_event::PROGRESS.to_owned(), data }
+    }
+
+    /// The report a [`call_event::PROGRESS`] event holds.
+    pub fn of_event(event: &Event) -> Option<Self> {
+        if event.type_ != call_event::PROGRESS {
+            return None;
+        }
+        let fraction = event.data.get("fraction")?.as_f64().filter(|f| (0.0..=1.0).contains(f))?;
+        let message = event.data.get("message").and_then(Value::as_str).map(str::to_owned);
+        Some(Self { fraction, message })
+    }
+}
+
 /// One lifecycle event, as stored in `events/<segment>.jsonl`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Event {
@@ -237,6 +307,25 @@ pub struct Event {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn progress_reports_are_checked_and_cut() {
+        let p = Progress::from_report(&json!({"progress": 0.5, "message": "half\nway"})).unwrap();
+        assert_eq!(p, Progress { fraction: 0.5, message: Some("half way".into()) });
+        assert_eq!(Progress::of_event(&p.event("t".into())), Some(p));
+        assert_eq!(Progress::from_report(&json!({"progress": 1})).unwrap().fraction, 1.0);
+        let long = Progress::from_report(&json!({"progress": 0, "message": "x".repeat(1000)})).unwrap();
+        assert_eq!(long.message.unwrap().len(), MAX_PROGRESS_MESSAGE);
+        for bad in [
+            json!({"progress": 1.5}),
+            json!({"progress": -0.1}),
+            json!({"progress": "0.5"}),
+            json!({"progress": 0.5, "message": 3}),
+            json!({"message": "no fraction"}),
+        ] {
+            assert_eq!(Progress::from_report(&bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn call_result_json_shape_is_stable() {

@@ -65,6 +65,10 @@ pub fn assemble(
     tokens: &ShutdownTokens,
 ) -> Assembled {
     let Backends { catalog, executor, store, authorizer, tasks, models, recorder, signing_key, auth } = backends;
+    let mut internal_state = InternalState::new(store.clone(), signing_key);
+    if let Some(hub) = executor.progress_hub() {
+        internal_state = internal_state.with_progress(hub);
+    }
     let state = AppState::new(catalog, executor, store.clone(), authorizer, settings)
         .with_tasks(tasks.clone())
         .with_models(models.shared_profiles())
@@ -72,10 +76,7 @@ pub fn assemble(
         .with_shutdown(tokens.app.clone());
     let task_api = TaskApi { backend: tasks, calls: state.calls.clone(), models };
     let internal = crate::internal::router(
-        InternalState::new(store, signing_key)
-            .with_recorder(recorder)
-            .with_tasks(task_api)
-            .with_limits(internal_limits),
+        internal_state.with_recorder(recorder).with_tasks(task_api).with_limits(internal_limits),
     );
     let metadata = metadata_router(auth.metadata.clone());
     let public = app_with(state.clone(), auth, metadata, tokens.streams.clone());

@@ -4,6 +4,7 @@
 //! images), which reads the input and writes the result through the gateway's internal API
 //! into the real S3 server.
 
+mod coding_support;
 mod e2e_support;
 
 use std::time::Duration;
@@ -11,6 +12,7 @@ use std::time::Duration;
 use e2e_support::Platform;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kube::api::{Api, ListParams};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
@@ -28,7 +30,7 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tool_calls_run_as_jobs_through_the_whole_platform() {
-    let platform = Platform::start(&[]).await;
+    let mut platform = Platform::start(&[]).await;
     platform.apply_tools("examples/pricing/tools.yaml").await;
     platform.apply_tools("tests/fixtures/misbehaving/tools.yaml").await;
     platform.apply_tools("tests/fixtures/echo/tools.yaml").await;
@@ -158,5 +160,91 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     };
     assert_eq!(describe(bob_call), describe(unknown));
 
+    progress_and_call_events(&mut platform).await;
     platform.stop().await;
+}
+
+/// A function's progress reports reach the client as `notifications/progress`, whichever
+/// replica it called: the runner posts them to the internal API of the replica the
+/// controller names, which passes them on at once; a second replica reads them from the
+/// call's events in storage. The call's log in S3 holds accepted, started, progress and
+/// finished; the ToolCall has its Kubernetes Events.
+async fn progress_and_call_events(platform: &mut Platform) {
+    let env = TestEnv::get();
+    let token = env.token(User::Alice).to_owned();
+    let replica = platform.start_replica().await;
+    for (base, replica_name) in [(platform.base.clone(), "the runner's"), (replica, "another")] {
+        let client = coding_support::connect_with(platform.http(), &format!("{base}/mcp"), &token, false).await;
+        let result = coding_support::call(&client, "steps", json!({"n": 3, "pause": 1.5})).await;
+        assert_eq!(coding_support::structured(&result), json!({"n": 3}), "{}", coding_support::text_of(&result));
+        // Notifications are handled in tasks of their own: the last may land after the answer.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let progress = coding_support::progress_of(&client);
+        if progress.is_empty() {
+            platform.dump_logs();
+            panic!("no progress through {replica_name} replica");
+        }
+        assert!(progress.windows(2).all(|w| w[1].progress > w[0].progress), "{progress:?}");
+        for p in &progress {
+            let step = (p.progress * 3.0).round();
+            assert_eq!(p.message.as_deref(), Some(format!("step {step} of 3").as_str()), "{progress:?}");
+            assert_eq!(p.total, Some(1.0));
+        }
+    }
+
+    let admin = env.client(User::Admin).await;
+    let calls: Vec<ToolCall> =
+        Api::<ToolCall>::namespaced(admin.clone(), &platform.ns).list(&Default::default()).await.unwrap().items;
+    let steps: Vec<&ToolCall> = calls.iter().filter(|c| c.spec.tool == "steps").collect();
+    assert_eq!(steps.len(), 2);
+    let s3 = env.s3();
+    let storage = toolyard_tests::s3::client(&s3, &s3.access_key, &s3.secret_key);
+    for call in steps {
+        let id = call.metadata.name.clone().expect("name");
+        let prefix = format!("owners/{}/calls/{id}/events/", call.spec.owner.key());
+        let read_log = || async {
+            let listed = storage.list_objects_v2().bucket(&s3.bucket).prefix(&prefix).send().await?;
+            let mut keys: Vec<String> = listed.contents().iter().filter_map(|o| o.key().map(str::to_owned)).collect();
+            keys.sort();
+            let mut events = Vec::new();
+            for key in keys {
+                let object = storage.get_object().bucket(&s3.bucket).key(&key).send().await?;
+                let bytes = object.body.collect().await?.into_bytes();
+                for line in String::from_utf8_lossy(&bytes).lines() {
+                    events.push(serde_json::from_str::<Value>(line)?);
+                }
+            }
+            anyhow::Ok(events)
+        };
+        toolyard_tests::wait_until(Duration::from_secs(30), "the call_finished event", || async {
+            Ok(read_log().await?.last().is_some_and(|e| e["type"] == "call_finished"))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let events = read_log().await.expect("the call's events");
+        let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+        assert_eq!(types[..2], ["call_accepted", "call_started"], "{events:?}");
+        assert_eq!(types.last(), Some(&"call_finished"), "{events:?}");
+        assert!(types[2..types.len() - 1].iter().all(|t| *t == "call_progress") && types.len() > 3, "{types:?}");
+        assert_eq!(events.last().expect("finished")["data"]["outcome"], "ok");
+
+        // And its Kubernetes Events, on the ToolCall.
+        let reasons = || async {
+            let list = Api::<KubeEvent>::namespaced(admin.clone(), &platform.ns).list(&ListParams::default()).await?;
+            let reasons: Vec<String> = list
+                .items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(id.as_str()))
+                .filter_map(|e| e.reason)
+                .collect();
+            anyhow::Ok(reasons)
+        };
+        let expected = ["JobCreated", "Running", "Succeeded"];
+        let recorded = toolyard_tests::wait_until(Duration::from_secs(30), "the ToolCall's events", || async {
+            let reasons = reasons().await?;
+            Ok(expected.iter().all(|r| reasons.iter().any(|got| got == r)))
+        })
+        .await;
+        assert!(recorded.is_ok(), "events {expected:?} in {:?}", reasons().await);
+    }
 }

@@ -321,8 +321,12 @@ fn dump(ns: &str, team: &str) {
 
 /// Runs the official Python SDK against the installation: lists tools and makes `calls`.
 fn python_sdk(install: &Install, calls: &[(&str, Value)]) -> Value {
+    python_sdk_calls(install, calls.iter().map(|(tool, args)| json!([tool, args])).collect())
+}
+
+/// [`python_sdk`] with the calls as `mcp_sdk_calls.py` takes them (`[tool, args, options]`).
+fn python_sdk_calls(install: &Install, calls: Vec<Value>) -> Value {
     let python = std::env::var("TOOLYARD_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let calls: Vec<Value> = calls.iter().map(|(tool, args)| json!([tool, args])).collect();
     let out = std::process::Command::new(python)
         .arg(repo_path("tests/fixtures/python/mcp_sdk_calls.py"))
         .arg(format!("{}/mcp", install.base))
@@ -388,6 +392,7 @@ async fn scenario(install: &mut Install) {
     );
 
     traces(install).await;
+    progress(install);
     hardening(install).await;
     missing_image(install).await;
     cancellation_kills_the_pod(install).await;
@@ -435,6 +440,24 @@ async fn traces(install: &Install) {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let execute = trace.one(GATEWAY, "execute");
     assert_eq!(trace.parent(trace.one(RUNNER, "call")).id, execute.id, "the pool pod's runner:\n{}", trace.tree());
+}
+
+/// A function in a Job pod on the node reports progress: the Python SDK client that asked for
+/// it gets `notifications/progress` over HTTPS, in order, before the answer.
+fn progress(install: &Install) {
+    let seen = python_sdk_calls(install, vec![json!(["progress_steps", {"n": 3, "pause": 1.0}, {"progress": true}])]);
+    let result = &seen["results"][0];
+    assert_eq!(result["structuredContent"], json!({"n": 3}), "{result}");
+    let reports = result["progress"].as_array().expect("progress");
+    assert!(!reports.is_empty(), "no progress notification: {result}");
+    let values: Vec<f64> = reports.iter().filter_map(|r| r[0].as_f64()).collect();
+    assert!(values.windows(2).all(|w| w[1] > w[0]), "progress only grows: {reports:?}");
+    for report in reports {
+        assert_eq!(report[1], 1.0, "the total is 1: {reports:?}");
+        let step = (report[0].as_f64().expect("value") * 3.0).round();
+        assert_eq!(report[2], format!("step {step} of 3"), "{reports:?}");
+    }
+    eprintln!("progress from a Job pod on the node: {}", Value::Array(reports.clone()));
 }
 
 /// The hardening of run pods, as the function sees it from inside its container.

@@ -84,6 +84,8 @@ async fn a_cancelled_call_stops_the_runner_the_tool_and_its_child() {
         parent_task: None,
         cancel: cancel.clone(),
         cancel_key: None,
+        progress: None,
+        accepted_at: k8s_openapi::jiff::Timestamp::now(),
     };
     let call = tokio::spawn(async move { executor.call(request).await });
     let mut tree = None;

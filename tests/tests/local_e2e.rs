@@ -3,7 +3,10 @@
 //! a real MCP client (rmcp over Streamable HTTP) — the pricing example and the misbehaving
 //! fixture tools.
 
+mod coding_support;
+
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig};
 use rmcp::service::RunningService;
@@ -85,6 +88,34 @@ impl Local {
         assert_eq!(found.len(), 1, "one {prefix}* call folder: {found:?}");
         found.into_iter().next().expect("test setup")
     }
+}
+
+/// The events of the call in `folder`, in segment order (`events/000001.jsonl`, ...).
+fn call_events(folder: &Path) -> Vec<Value> {
+    let mut segments: Vec<PathBuf> =
+        std::fs::read_dir(folder.join("events")).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    segments.sort();
+    segments
+        .iter()
+        .flat_map(|s| read(s).lines().map(|l| serde_json::from_str(l).expect("an event line")).collect::<Vec<Value>>())
+        .collect()
+}
+
+/// The events of the call in `folder` once its log ends with `call_finished` (appended after
+/// the answer).
+async fn finished_call_events(folder: &Path) -> Vec<Value> {
+    for _ in 0..100 {
+        let events = call_events(folder);
+        if events.last().is_some_and(|e| e["type"] == "call_finished") {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no call_finished event in {}: {:?}", folder.display(), call_events(folder));
+}
+
+fn types_of(events: &[Value]) -> Vec<&str> {
+    events.iter().map(|e| e["type"].as_str().unwrap_or_default()).collect()
 }
 
 fn text_of(result: &CallToolResult) -> String {
@@ -196,6 +227,55 @@ async fn misbehaving_tools_fail_cleanly() {
     let stored: CallResult = serde_json::from_str(&read(&pooled[0].join("result.json"))).unwrap();
     assert_eq!(stored.value, Some(json!({"value": echoed.clone()})));
     assert_eq!(serde_json::from_str::<Value>(&read(&pooled[0].join("input.json"))).unwrap(), json!({"value": echoed}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_reaches_the_client_and_each_call_logs_accepted_started_progress_finished() {
+    let local = Local::start("tests/fixtures/misbehaving").await;
+    // An rmcp client sends a progress token with every request and records the notifications.
+    let client = coding_support::connect(&local.gateway.mcp_url(), TOKEN, false).await;
+    for (tool, prefix) in [("steps", "steps-"), ("steps_pool", "steps-pool-")] {
+        client.service().progress.lock().expect("lock").clear();
+        let result = coding_support::call(&client, tool, json!({"n": 3, "pause": 0.6})).await;
+        assert_eq!(structured(&result), json!({"n": 3}), "{tool}");
+        // The client hands notifications to its handler in tasks of their own: the last one
+        // may be recorded just after the answer.
+        let mut progress = coding_support::progress_of(&client);
+        for _ in 0..50 {
+            if progress.last().is_some_and(|p| p.progress == 1.0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            progress = coding_support::progress_of(&client);
+        }
+        assert!(progress.len() >= 2, "{tool}: {progress:?}");
+        assert!(progress.windows(2).all(|w| w[1].progress > w[0].progress), "{tool}: {progress:?}");
+        assert!(progress.iter().all(|p| p.total == Some(1.0)), "{tool}: {progress:?}");
+        let last = progress.last().expect("progress");
+        assert_eq!((last.progress, last.message.as_deref()), (1.0, Some("step 3 of 3")), "{tool}");
+
+        let events = finished_call_events(&local.call_folder(prefix)).await;
+        let types = types_of(&events);
+        assert_eq!(types[..2], ["call_accepted", "call_started"], "{tool}: {events:?}");
+        assert_eq!(types.last(), Some(&"call_finished"), "{tool}");
+        assert!(types[2..types.len() - 1].iter().all(|t| *t == "call_progress"), "{tool}: {types:?}");
+        assert_eq!(events[0]["data"], json!({"tool": tool, "mode": if tool == "steps" { "Job" } else { "Pool" }}));
+        let reported = &events[events.len() - 2];
+        assert_eq!(reported["data"], json!({"fraction": 1.0, "message": "step 3 of 3"}), "{tool}: {events:?}");
+        assert_eq!(events.last().expect("finished")["data"]["outcome"], "ok");
+        let times: Vec<&str> = events.iter().map(|e| e["time"].as_str().expect("time")).collect();
+        let parsed: Vec<k8s_openapi::jiff::Timestamp> = times.iter().map(|t| t.parse().expect("RFC 3339")).collect();
+        assert!(parsed.windows(2).all(|w| w[0] <= w[1]), "{tool}: events in time order: {times:?}");
+    }
+
+    // A call whose client asked for no progress (the SDK's plain call) logs its lifecycle too,
+    // and a timed-out one says so.
+    let hung = local.call("hang", json!({"seconds": 600})).await;
+    assert_eq!(hung.is_error, Some(true));
+    let events = finished_call_events(&local.call_folder("hang-")).await;
+    assert_eq!(types_of(&events), ["call_accepted", "call_started", "call_finished"]);
+    assert_eq!(events[2]["data"]["outcome"], "timed_out", "{events:?}");
+    local.gateway.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

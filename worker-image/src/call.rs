@@ -1,14 +1,17 @@
 //! `toolyard-runner call -- CMD...`: one tool call, as a Job pod or the local executor runs it.
 //!
-//! Reads the call's arguments from the gateway's internal API, runs CMD once (see
-//! [`crate::child`]), uploads its logs and result, writes a one-line summary to the
+//! Reads the call's arguments from the gateway's internal API (storing its `call_started`
+//! event meanwhile), runs CMD once (see [`crate::child`]) while posting its progress reports
+//! as `call_progress` events, uploads its logs and result, writes a one-line summary to the
 //! termination log and exits with a [`runner_exit`] code.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use toolyard_api::protocol::{CallErrorKind, CallResult, env, runner_exit};
+use serde_json::json;
+use tokio::sync::watch;
+use toolyard_api::protocol::{CallErrorKind, CallResult, Event, Progress, call_event, env, runner_exit};
 use tracing::Instrument;
 
 use crate::api::InternalApi;
@@ -103,24 +106,40 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
     let api = InternalApi::new(&args.gateway_url, args.token).map_err(|e| e.to_string())?;
     let id = args.run_id;
 
-    let input = api
-        .call_input(&id)
-        .instrument(tracing::info_span!("read input"))
-        .await
-        .map_err(|e| format!("cannot read the call's input: {e}"))?;
+    // The call's `call_started` event is stored while the input is read.
+    let started = [event(call_event::STARTED, json!({}))];
+    let (input, started) = tokio::join!(
+        api.call_input(&id).instrument(tracing::info_span!("read input")),
+        api.post_events("calls", &id, &started),
+    );
+    let input = input.map_err(|e| format!("cannot read the call's input: {e}"))?;
+    if let Err(e) = started {
+        tracing::warn!(error = %e, "could not save the call_started event");
+    }
     let stdin = serde_json::to_vec(&input).map_err(|e| e.to_string())?;
     tracing::debug!(call = %id, "tool started");
 
     // The function's own span (when it makes one) is a child of this one.
     let function = tracing::info_span!("function.call", "process.executable.name" = %args.command[0]);
+    let (progress, mut reports) = watch::channel(None);
     let spec = RunSpec {
         command: ToolCommand::new(args.command),
         stdin,
         traceparent: toolyard_telemetry::pass_on(&function, args.traceparent),
         log_limit: args.log_limit,
         kill_grace,
+        progress: Some(progress),
     };
-    let output = child::run_once(spec, signals.stop(timeout)).instrument(function).await;
+    let mut posted = None;
+    let output = tokio::select! {
+        output = child::run_once(spec, signals.stop(timeout)).instrument(function) => output,
+        never = post_progress(&api, &id, &mut reports, &mut posted) => match never {},
+    };
+    // The last report, if the function made one since the last post.
+    let last = reports.borrow().clone();
+    if last.is_some() && last != posted {
+        post_progress_event(&api, &id, last.as_ref()).await;
+    }
     let result = output.result;
 
     // Logs first (both at once; an empty stream is not uploaded): whoever waits for the
@@ -145,6 +164,42 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
     .await?;
     tracing::debug!(call = %id, ok = !result.is_error(), duration_ms = result.duration_ms, "tool finished");
     Ok((exit_code_of(&result), summary(&result)))
+}
+
+/// Least time between two posts of progress events: a function reporting often costs the
+/// gateway one stored segment per interval (the latest report), not one per report.
+const PROGRESS_POST_INTERVAL: Duration = Duration::from_millis(500);
+
+/// A call event of `type_` stamped now.
+fn event(type_: &str, data: serde_json::Value) -> Event {
+    Event { time: jiff::Timestamp::now().to_string(), type_: type_.to_owned(), data }
+}
+
+/// Posts the function's progress reports as `call_progress` events while it runs: the latest
+/// one, at most every [`PROGRESS_POST_INTERVAL`]. `posted` is the last report posted.
+async fn post_progress(
+    api: &InternalApi,
+    id: &str,
+    reports: &mut watch::Receiver<Option<Progress>>,
+    posted: &mut Option<Progress>,
+) -> std::convert::Infallible {
+    loop {
+        if reports.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let latest = reports.borrow_and_update().clone();
+        post_progress_event(api, id, latest.as_ref()).await;
+        *posted = latest;
+        tokio::time::sleep(PROGRESS_POST_INTERVAL).await;
+    }
+}
+
+async fn post_progress_event(api: &InternalApi, id: &str, progress: Option<&Progress>) {
+    let Some(progress) = progress else { return };
+    let event = progress.event(jiff::Timestamp::now().to_string());
+    if let Err(e) = api.post_events("calls", id, &[event]).await {
+        tracing::warn!(error = %e, "could not save a progress event");
+    }
 }
 
 /// The runner's exit code for a call's result.
@@ -215,8 +270,6 @@ fn write_termination_log(path: Option<PathBuf>, summary: &str) {
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     #[test]

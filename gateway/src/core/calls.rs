@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
-use toolyard_api::protocol::{CallErrorKind, CallResult};
+use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
 use toolyard_api::storage::RunId;
 use tracing::Instrument;
 
@@ -40,6 +40,41 @@ pub struct CallInput {
     /// Recorded with the run so a cancellation arriving at any replica finds it
     /// ([`CallRequest::cancel_key`]).
     pub cancel_key: Option<String>,
+    /// Where the function's progress goes while the caller waits (`None`: nobody asked).
+    pub progress: Option<Arc<dyn ProgressSink>>,
+}
+
+/// Takes a call's progress reports while its caller waits: an MCP client's
+/// `notifications/progress`.
+#[async_trait::async_trait]
+pub trait ProgressSink: Send + Sync {
+    /// One report; each has a larger fraction than the one before.
+    async fn report(&self, progress: &Progress);
+}
+
+impl std::fmt::Debug for dyn ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
+}
+
+/// Passes the reports `reports` gets on to `sink`, only those whose fraction grew past
+/// `*reported` (MCP progress must increase). Never ends: the call's end stops it.
+async fn relay_progress(
+    reports: &mut tokio::sync::watch::Receiver<Option<Progress>>,
+    sink: &dyn ProgressSink,
+    reported: &mut f64,
+) -> std::convert::Infallible {
+    loop {
+        if reports.changed().await.is_err() {
+            return std::future::pending().await;
+        }
+        let latest = reports.borrow_and_update().clone();
+        if let Some(progress) = latest.filter(|p| p.fraction > *reported) {
+            *reported = progress.fraction;
+            sink.report(&progress).await;
+        }
+    }
 }
 
 /// A call that ran: its id and the runner protocol's result (which may be a tool error).
@@ -183,6 +218,13 @@ impl Calls {
         // The executor's span is the parent of everything the call runs elsewhere (the
         // controller's reconcile, the runner, the function).
         let execute = tracing::info_span!("execute");
+        let (progress, relay) = match input.progress {
+            Some(sink) => {
+                let (sender, reports) = tokio::sync::watch::channel(None);
+                (Some(sender), Some((reports, sink)))
+            }
+            None => (None, None),
+        };
         let request = CallRequest {
             id: id.clone(),
             tool: tool.clone(),
@@ -192,9 +234,27 @@ impl Calls {
             parent_task: input.parent_task,
             cancel: input.cancel,
             cancel_key: input.cancel_key,
+            progress,
+            accepted_at: jiff::Timestamp::now(),
         };
         self.metrics.calls_in_flight().inc();
-        let outcome = self.executor.call(request).instrument(execute).await;
+        let execution = self.executor.call(request).instrument(execute);
+        let outcome = match relay {
+            Some((mut reports, sink)) => {
+                let mut reported = f64::NEG_INFINITY;
+                let outcome = tokio::select! {
+                    outcome = execution => outcome,
+                    never = relay_progress(&mut reports, sink.as_ref(), &mut reported) => match never {},
+                };
+                // The last report, when the call ended before it was passed on.
+                let last = reports.borrow().clone();
+                if let Some(progress) = last.filter(|p| p.fraction > reported) {
+                    sink.report(&progress).await;
+                }
+                outcome
+            }
+            None => execution.await,
+        };
         self.metrics.calls_in_flight().dec();
         self.count(&tool, &outcome, started);
         match outcome {
@@ -216,7 +276,8 @@ impl Calls {
             Err(_) => CallOutcome::Error,
         };
         self.metrics.tool_call(tool.name(), counted, started.elapsed());
-        if counted != CallOutcome::Success {
+        // A platform failure is recorded by `call` (as `platform`); here only the tool's own.
+        if outcome.is_ok() && counted != CallOutcome::Success {
             let span = tracing::Span::current();
             toolyard_telemetry::record_error(&span, counted.as_str());
         }

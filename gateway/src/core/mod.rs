@@ -10,4 +10,4 @@ pub mod calls;
 pub mod ids;
 
 pub use access::{Access, Selection};
-pub use calls::{CallError, CallInput, Called, Calls};
+pub use calls::{CallError, CallInput, Called, Calls, ProgressSink};

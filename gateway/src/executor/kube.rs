@@ -36,12 +36,17 @@ use toolyard_api::token::SigningKey;
 use toolyard_api::toolcall::{InputRef, ResultSummary};
 use toolyard_api::{GATEWAY_MANAGER, OwnerKey, ToolCall, ToolCallSpec};
 
+use super::events::{self, ProgressHub};
 use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
 use super::running::{REPLICA_LABEL, RunningElsewhere};
 use super::{CallRequest, Executor, ResultRecorder};
 use crate::catalog::kube::Namespaces;
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
+
+/// How often a call waited on with progress wanted reads its stored progress events (those
+/// that reached another replica's internal API).
+const PROGRESS_POLL: Duration = Duration::from_secs(1);
 
 /// Annotation carrying the W3C trace context of the request that made the call.
 pub const TRACEPARENT_ANNOTATION: &str = "toolyard.dev/traceparent";
@@ -165,6 +170,7 @@ pub struct KubeExecutor {
     signing_key: Option<SigningKey>,
     settings: KubeExecutorSettings,
     namespaces: Namespaces,
+    progress: Arc<ProgressHub>,
 }
 
 impl std::fmt::Debug for KubeExecutor {
@@ -218,10 +224,36 @@ impl KubeExecutor {
             });
         }
         let records = CallRecords::new(Arc::clone(&store));
-        Self { client, store, waiters, running, pool, records, signing_key, settings, namespaces: namespaces.clone() }
+        Self {
+            client,
+            store,
+            waiters,
+            running,
+            pool,
+            records,
+            signing_key,
+            settings,
+            namespaces: namespaces.clone(),
+            progress: Arc::default(),
+        }
     }
 
+    /// A Job-mode call: its runner reports progress through the internal API of some replica,
+    /// which passes it on when the caller waits here ([`ProgressHub`]); reports stored
+    /// through another replica are read from storage every [`PROGRESS_POLL`]. `call_finished`
+    /// closes its log.
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
+        let owner = request.caller.owner_key();
+        let id = request.id.to_string();
+        let _waiting = request.progress.clone().map(|sender| self.progress.wait(&owner, &id, sender));
+        let result = self.run_job(request).await;
+        if let Ok(result) = &result {
+            self.records.finished(owner, id, result).await;
+        }
+        result
+    }
+
+    async fn run_job(&self, request: CallRequest) -> Result<CallResult> {
         let started = Instant::now();
         let tool = request.tool.clone();
         let namespace = tool.namespace.clone();
@@ -233,7 +265,7 @@ impl KubeExecutor {
 
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
         let size_bytes = i64::try_from(input.len()).unwrap_or(i64::MAX);
-        self.store.put(&owner, &call_file(id.as_str(), CallFile::Input), Bytes::from(input)).await?;
+        events::store_start(self.store.as_ref(), &owner, &request, Bytes::from(input)).await?;
 
         let (mut seen, _waiter) = self.waiters.register(&namespace, id.as_str());
         let object = tool_call_object(&request, &owner, self.running.replica(), size_bytes, timeout_seconds);
@@ -247,6 +279,9 @@ impl KubeExecutor {
             + self.settings.grace;
         let mut recheck = tokio::time::interval(self.settings.recheck);
         recheck.tick().await;
+        let mut progress_poll = tokio::time::interval(PROGRESS_POLL);
+        progress_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_segment = 1;
         let condition = loop {
             let current = seen.borrow_and_update().clone();
             match current {
@@ -283,6 +318,13 @@ impl KubeExecutor {
                 changed = seen.changed() => {
                     if changed.is_err() {
                         return Err(Error::Internal("ToolCall watch closed".into()));
+                    }
+                }
+                _ = progress_poll.tick(), if request.progress.is_some() => {
+                    if let Some(sender) = &request.progress
+                        && let Err(e) = events::poll_progress(self.store.as_ref(), &owner, id.as_str(), &mut next_segment, sender).await
+                    {
+                        tracing::debug!(error = %e, "reading the call's progress failed");
                     }
                 }
                 _ = recheck.tick() => {
@@ -365,6 +407,10 @@ impl Executor for KubeExecutor {
 
     async fn flush(&self) {
         self.records.flush().await;
+    }
+
+    fn progress_hub(&self) -> Option<Arc<ProgressHub>> {
+        Some(Arc::clone(&self.progress))
     }
 
     /// Finds the caller's unfinished ToolCalls labelled with `cancel_key` in the served

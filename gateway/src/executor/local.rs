@@ -28,7 +28,9 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use toolyard_api::storage::{CallFile, RunId};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_process::pool::{PoolCall, Readiness, Refused};
+use toolyard_process::progress::ProgressLog;
 
+use super::events::{self, ProgressHub};
 use super::pool::{CallRecord, CallRecords, call_file};
 use super::{CallRequest, Executor, ResultRecorder};
 use crate::catalog::Tool;
@@ -153,6 +155,7 @@ pub struct LocalExecutor {
     slots: Arc<Semaphore>,
     pools: Arc<WarmPools>,
     records: CallRecords,
+    progress: Arc<ProgressHub>,
 }
 
 impl std::fmt::Debug for LocalExecutor {
@@ -174,7 +177,7 @@ impl LocalExecutor {
     ) -> Result<Self> {
         let records = CallRecords::new(Arc::clone(&store));
         let slots = Arc::new(Semaphore::new(max_concurrent_calls.max(1)));
-        Ok(Self { settings, key, store, results, slots, pools, records })
+        Ok(Self { settings, key, store, results, slots, pools, records, progress: Arc::default() })
     }
 
     /// A Pool-mode call on the tool's warm pool in this process: the call runs (bounded by
@@ -195,7 +198,15 @@ impl LocalExecutor {
         let timeout =
             Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
-        let call = PoolCall { id, arguments: &request.arguments, timeout, traceparent: request.traceparent.as_deref() };
+        // The function's reports go to the waiting caller as they come, and into the call's log.
+        let progress = ProgressLog::start(request.progress.clone());
+        let call = PoolCall {
+            id,
+            arguments: &request.arguments,
+            timeout,
+            traceparent: request.traceparent.as_deref(),
+            progress: Some(progress.sender()),
+        };
         let started = std::time::Instant::now();
         let limit = timeout + self.settings.kill_grace + Duration::from_secs(5);
         let outcome = tokio::select! {
@@ -212,11 +223,25 @@ impl LocalExecutor {
                 (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)
             }
         };
-        self.records.record(CallRecord::new(owner, id, input, &result, stdout, stderr)).await;
+        let log = events::pool_log(&request, progress.finish().await, &result);
+        self.records.record(CallRecord::new(owner, id, input, &result, stdout, stderr).with_events(log)).await;
         Ok(result)
     }
 
+    /// A Job-mode call: its runner reports progress through the internal API, which passes it
+    /// on to the caller through [`ProgressHub`]; `call_finished` closes its log.
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
+        let owner = request.caller.owner_key();
+        let id = request.id.to_string();
+        let _waiting = request.progress.clone().map(|sender| self.progress.wait(&owner, &id, sender));
+        let result = self.run_job(request).await;
+        if let Ok(result) = &result {
+            self.records.finished(owner, id, result).await;
+        }
+        result
+    }
+
+    async fn run_job(&self, request: CallRequest) -> Result<CallResult> {
         let _slot = tokio::select! {
             slot = Arc::clone(&self.slots).acquire_owned() => slot.map_err(|_| Error::Unavailable("shutting down".into()))?,
             () = request.cancel.cancelled() => return Ok(cancelled(0)),
@@ -226,7 +251,7 @@ impl LocalExecutor {
         let timeout =
             Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds.max(1)).unwrap_or(60));
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
-        self.store.put(&owner, &call_file(id.as_str(), CallFile::Input), Bytes::from(input)).await?;
+        events::store_start(self.store.as_ref(), &owner, &request, Bytes::from(input)).await?;
 
         let backstop = timeout + self.settings.kill_grace + BACKSTOP_SLACK;
         let claims = Claims {
@@ -343,6 +368,10 @@ impl Executor for LocalExecutor {
 
     async fn flush(&self) {
         self.records.flush().await;
+    }
+
+    fn progress_hub(&self) -> Option<Arc<ProgressHub>> {
+        Some(Arc::clone(&self.progress))
     }
 }
 

@@ -12,6 +12,7 @@ use toolyard_api::storage::RunId;
 use crate::catalog::Tool;
 use crate::identity::Identity;
 
+pub mod events;
 pub mod kube;
 pub mod local;
 pub mod pool;
@@ -38,6 +39,10 @@ pub struct CallRequest {
     /// recorded with the run so that a `notifications/cancelled` arriving at any replica can
     /// find it ([`Executor::cancel_by_key`]). `None` for calls no MCP request names.
     pub cancel_key: Option<String>,
+    /// Where the function's progress reports go while the caller waits (`None`: nobody asked).
+    pub progress: Option<events::ProgressSender>,
+    /// When the gateway admitted the call (the `call_accepted` event's time).
+    pub accepted_at: jiff::Timestamp,
 }
 
 /// Runs tool calls.
@@ -69,6 +74,12 @@ pub trait Executor: Send + Sync + 'static {
     /// Waits until work the executor finishes after answering (pool calls' files) is done.
     /// Called at shutdown, once no new calls arrive.
     async fn flush(&self) {}
+
+    /// Where the internal API passes the progress events of calls this executor waits for
+    /// (runners post them there); `None` when no runner reports through the internal API.
+    fn progress_hub(&self) -> Option<Arc<events::ProgressHub>> {
+        None
+    }
 }
 
 /// Records a call's result where the platform keeps run state (the ToolCall's `status.result`

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use reqwest::StatusCode;
 use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
-use toolyard_api::protocol::{CallErrorKind, CallResult};
+use toolyard_api::protocol::{CallErrorKind, CallResult, Event};
 use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 
@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use toolyard_api::OwnerKey;
 
-use super::CallRequest;
+use super::{CallRequest, events};
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
 
@@ -62,6 +62,8 @@ pub struct CallRecord {
     pub stdout: Option<String>,
     /// See `stdout`.
     pub stderr: Option<String>,
+    /// The call's whole event log (stored as its first segment; none when empty).
+    pub events: Vec<Event>,
 }
 
 impl CallRecord {
@@ -76,7 +78,13 @@ impl CallRecord {
         stderr: Option<String>,
     ) -> Self {
         let result = serde_json::to_vec(result).unwrap_or_default();
-        Self { owner, id: id.to_owned(), input, result, stdout, stderr }
+        Self { owner, id: id.to_owned(), input, result, stdout, stderr, events: Vec::new() }
+    }
+
+    /// The same record with the call's event log.
+    pub fn with_events(mut self, events: Vec<Event>) -> Self {
+        self.events = events;
+        self
     }
 }
 
@@ -97,6 +105,20 @@ impl CallRecords {
         });
     }
 
+    /// Starts appending the `call_finished` event of Job-mode call `id` (its runner wrote the
+    /// rest of the log as it ran); returns once it is queued, as [`CallRecords::record`].
+    pub async fn finished(&self, owner: OwnerKey, id: String, result: &CallResult) {
+        let Ok(permit) = Arc::clone(&self.room).acquire_owned().await else { return };
+        let store = Arc::clone(&self.store);
+        let event = events::finished(result);
+        self.pending.spawn(async move {
+            if let Err(e) = events::append(store.as_ref(), &owner, &id, &[event]).await {
+                tracing::error!(error = %e, call = %id, "storing a call's call_finished event failed");
+            }
+            drop(permit);
+        });
+    }
+
     /// Waits until every record started so far is written (at shutdown, after the listeners
     /// stopped taking calls).
     pub async fn flush(&self) {
@@ -107,15 +129,16 @@ impl CallRecords {
 }
 
 async fn write_record(store: &dyn ArtifactStore, record: CallRecord) {
-    let CallRecord { owner, id, input, result, stdout, stderr } = record;
+    let CallRecord { owner, id, input, result, stdout, stderr, events } = record;
     let mut files = vec![(CallFile::Input, input), (CallFile::Result, result)];
+    let log = (!events.is_empty()).then(|| (events::segment_path(&id, 1), events::segment_events(&events)));
     if let Some(out) = stdout.filter(|s| !s.is_empty()) {
         files.push((CallFile::Stdout, out.into_bytes()));
     }
     if let Some(err) = stderr.filter(|s| !s.is_empty()) {
         files.push((CallFile::Stderr, err.into_bytes()));
     }
-    let files = files.into_iter().map(|(file, bytes)| (call_file(&id, file), Bytes::from(bytes))).collect();
+    let files = files.into_iter().map(|(file, bytes)| (call_file(&id, file), Bytes::from(bytes))).chain(log).collect();
     if let Err(e) = store.put_all(&owner, files).await {
         tracing::error!(error = %e, call = %id, "storing a pool call's files failed");
     }
@@ -272,9 +295,11 @@ pub async fn run_pool_call(
         r = client.call(target.endpoint, &token, &body, timeout + target.grace) => Some(r),
     };
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let (result, stdout, stderr) = match outcome {
-        None => (CallResult::err(CallErrorKind::Cancelled, "the call was cancelled", None, elapsed_ms), None, None),
-        Some(Ok(response)) => (response.result, Some(response.stdout), Some(response.stderr)),
+    let (result, stdout, stderr, progress) = match outcome {
+        None => {
+            (CallResult::err(CallErrorKind::Cancelled, "the call was cancelled", None, elapsed_ms), None, None, vec![])
+        }
+        Some(Ok(response)) => (response.result, Some(response.stdout), Some(response.stderr), response.progress),
         Some(Err(PoolError::TimedOut)) => (
             CallResult::err(
                 CallErrorKind::TimedOut,
@@ -284,6 +309,7 @@ pub async fn run_pool_call(
             ),
             None,
             None,
+            vec![],
         ),
         Some(Err(PoolError::Busy { .. })) => return Err(Error::Busy("the tool's warm pool is at capacity".into())),
         Some(Err(e @ PoolError::Refused(_))) => {
@@ -295,7 +321,8 @@ pub async fn run_pool_call(
             return Err(Error::Unavailable("the tool's warm pool is not reachable; try again shortly".into()));
         }
     };
-    records.record(CallRecord::new(owner, id, input, &result, stdout, stderr)).await;
+    let log = events::pool_log(&request, progress, &result);
+    records.record(CallRecord::new(owner, id, input, &result, stdout, stderr).with_events(log)).await;
     Ok(result)
 }
 

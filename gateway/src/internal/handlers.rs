@@ -7,13 +7,15 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use toolyard_api::OwnerKey;
-use toolyard_api::protocol::{CallResult, Event};
+use toolyard_api::protocol::{CallResult, Event, Progress};
 use toolyard_api::storage::{self, CallFile, RelativePath, RunId, TaskFile};
 use toolyard_api::token::RunKind;
 
 use super::InternalState;
 use super::auth::RunClaims;
 use super::error::ApiError;
+use crate::executor::events as call_events;
+use crate::store::events::{self, AppendError};
 
 type St = State<Arc<InternalState>>;
 
@@ -117,8 +119,16 @@ pub async fn call_events(
 ) -> Result<StatusCode, ApiError> {
     let id = claims.require(RunKind::Call, &id)?;
     let owner = claims.owner_key();
-    let folder = format!("{}events/", relative(&owner, storage::call_prefix(&owner, &id)));
-    append_events(&state, &owner, &headers, body, &folder, |n| format!("{folder}{n:06}.jsonl")).await
+    let folder = call_events::folder(id.as_str());
+    let stored =
+        append_events(&state, &owner, &headers, body, &folder, |n| call_events::segment_path(id.as_str(), n)).await?;
+    // A caller waiting for this call in this process sees its progress at once.
+    if let Some(hub) = &state.progress
+        && let Some(progress) = stored.iter().rev().find_map(Progress::of_event)
+    {
+        hub.report(&owner, id.as_str(), progress);
+    }
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST tasks/{id}/events`.
@@ -132,10 +142,12 @@ pub async fn task_events(
     let (id, _record) = super::tasks::live_task(&state, &claims, &id).await?;
     let owner = claims.owner_key();
     let folder = format!("{}events/", relative(&owner, storage::task_prefix(&owner, &id)));
-    append_events(&state, &owner, &headers, body, &folder, |n| task_path(&owner, &id, &TaskFile::Events(n))).await
+    append_events(&state, &owner, &headers, body, &folder, |n| task_path(&owner, &id, &TaskFile::Events(n))).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
-/// Checks a batch of JSON-lines events and stores it as the next numbered segment.
+/// Checks a batch of JSON-lines events and stores it as the next numbered segment; returns
+/// the events stored.
 async fn append_events(
     state: &InternalState,
     owner: &OwnerKey,
@@ -143,50 +155,29 @@ async fn append_events(
     body: Body,
     folder: &str,
     segment_path: impl Fn(u32) -> String,
-) -> Result<StatusCode, ApiError> {
+) -> Result<Vec<Event>, ApiError> {
     let bytes = read_body(headers, body, state.limits.events_bytes, "the events").await?;
     let text = std::str::from_utf8(&bytes).map_err(|_| ApiError::bad_request("events must be UTF-8 JSON lines"))?;
-    let mut lines = Vec::new();
+    let mut parsed = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let event: Event = serde_json::from_str(line)
             .map_err(|e| ApiError::bad_request(format!("line {} is not an event: {e}", i + 1)))?;
-        lines.push(serde_json::to_string(&event).map_err(|e| crate::Error::Internal(e.to_string()))?);
+        parsed.push(event);
     }
-    if lines.is_empty() {
+    if parsed.is_empty() {
         return Err(ApiError::bad_request("no events in the body"));
     }
-    let mut segment = lines.join("\n");
-    segment.push('\n');
-
-    // The next number after the highest stored, created only if no other replica took it
-    // meanwhile (then the one after). The lock keeps this replica's own posts from racing.
-    let _guard = state.events_lock.lock().await;
-    let existing = state.store.list(owner, folder).await?;
-    let stored: u64 = existing.iter().map(|o| o.size).sum();
-    if stored + segment.len() as u64 > state.limits.run_event_bytes {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("the event log is full: it holds {stored} bytes of at most {}", state.limits.run_event_bytes),
-        ));
+    let segment = events::segment(&parsed);
+    let _serialized = state.append_locks.lock(owner, folder).await;
+    let appended =
+        events::append(state.store.as_ref(), owner, folder, segment_path, segment, state.limits.run_event_bytes).await;
+    match appended {
+        Ok(()) => Ok(parsed),
+        Err(e @ AppendError::Full { .. }) => Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())),
+        Err(e @ AppendError::TooManySegments) => Err(ApiError::bad_request(e.to_string())),
+        Err(AppendError::Store(e)) => Err(e.into()),
     }
-    let mut next = existing
-        .iter()
-        .filter_map(|o| o.path.rsplit('/').next()?.strip_suffix(".jsonl")?.parse::<u32>().ok())
-        .max()
-        .unwrap_or(0);
-    let segment = Bytes::from(segment);
-    for _ in 0..MAX_SEGMENT_ATTEMPTS {
-        next = next.checked_add(1).ok_or_else(|| ApiError::bad_request("too many event segments"))?;
-        if state.store.create(owner, &segment_path(next), segment.clone()).await? {
-            return Ok(StatusCode::NO_CONTENT);
-        }
-    }
-    Err(crate::Error::Unavailable("the event segment numbers are contended; retry".into()).into())
 }
-
-/// Segment numbers tried by one post of events before giving up (each taken one means
-/// another replica stored a segment in between).
-const MAX_SEGMENT_ATTEMPTS: usize = 16;
 
 fn output_path(raw: &str) -> Result<RelativePath, ApiError> {
     RelativePath::parse(raw).map_err(|e| ApiError::bad_request(e.to_string()))

@@ -40,7 +40,9 @@ use toolyard_api::protocol::path::PREFIX;
 use toolyard_api::token::SigningKey;
 
 use crate::executor::ResultRecorder;
+use crate::executor::events::ProgressHub;
 use crate::store::ArtifactStore;
+use crate::store::events::AppendLocks;
 
 pub use auth::RunClaims;
 pub use error::ApiError;
@@ -135,8 +137,10 @@ pub struct InternalState {
     pub limits: InternalLimits,
     /// The coding-task routes' backends (`None`: those routes answer 503).
     pub tasks: Option<TaskApi>,
-    /// Serializes event segment numbering within this process.
-    events_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Callers waiting for calls in this process: a call's progress events reach them here.
+    pub progress: Option<Arc<ProgressHub>>,
+    /// Keeps this process's posts to one event log from racing for the same segment number.
+    append_locks: Arc<AppendLocks>,
 }
 
 impl std::fmt::Debug for InternalState {
@@ -148,7 +152,21 @@ impl std::fmt::Debug for InternalState {
 impl InternalState {
     /// State with default limits and no recorder.
     pub fn new(store: Arc<dyn ArtifactStore>, key: SigningKey) -> Self {
-        Self { store, key, recorder: None, limits: InternalLimits::default(), tasks: None, events_lock: Arc::default() }
+        Self {
+            store,
+            key,
+            recorder: None,
+            limits: InternalLimits::default(),
+            tasks: None,
+            progress: None,
+            append_locks: Arc::default(),
+        }
+    }
+
+    /// The same state passing calls' progress events to `hub`.
+    pub fn with_progress(mut self, hub: Arc<ProgressHub>) -> Self {
+        self.progress = Some(hub);
+        self
     }
 
     /// The same state with a result recorder.

@@ -127,6 +127,7 @@ pub async fn tool_call(
         parent_task: Some(id.clone()),
         cancel,
         cancel_key: None,
+        progress: None,
     };
     let failed = |text: String, call_id: Option<&RunId>| ToolOutcome {
         is_error: true,

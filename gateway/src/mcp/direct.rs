@@ -13,7 +13,8 @@
 //! in one place:
 //!
 //! - the body is one JSON-RPC request of `tools/list` or `tools/call` (not a built-in tool,
-//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version,
+//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version or
+//!   progress token (progress notifications come before the answer, on rmcp's SSE stream),
 //!   read as that one request type rather than through rmcp's untagged enums
 //!   ([`parse_request`]);
 //! - `MCP-Protocol-Version` is absent or a known revision older than 2026-07-28 (newer ones
@@ -74,7 +75,8 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
     }
     let request = parse_request(body)?;
     let meta = request.request.get_meta().clone();
-    if meta.protocol_version().is_some() {
+    // A progress token asks for notifications before the answer: an SSE stream, rmcp's.
+    if meta.protocol_version().is_some() || meta.get_progress_token().is_some() {
         return None;
     }
     let scope = parts.extensions.get::<Scope>().cloned().unwrap_or(Scope::All);
@@ -185,6 +187,7 @@ impl Direct {
                     request_id: serde_json::to_value(&id).unwrap_or(Value::Null),
                     cancel: CancellationToken::new(),
                     meta_traceparent: None,
+                    progress: None,
                 };
                 let result = handler.list(params, &info).await;
                 handler.count("tools/list", result.is_ok());
@@ -202,6 +205,7 @@ impl Direct {
                             request_id,
                             cancel: task_cancel,
                             meta_traceparent: meta.0.get_traceparent(),
+                            progress: None,
                         };
                         let result = task_handler.call_registered(params, &info).await;
                         task_handler.count("tools/call", result.is_ok());
@@ -408,11 +412,14 @@ mod tests {
             "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
         let mrtr = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
             "params": {"name": "t", "arguments": {}, "requestState": "abc"}});
+        let progress = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "t", "arguments": {}, "_meta": {"progressToken": 7}}});
         for body in [
             call("run_coding_task"),
             call("list_tasks"),
             meta_version.to_string(),
             mrtr.to_string(),
+            progress.to_string(),
             r#"{"jsonrpc":"2.0","id":1,"method":"resources/list"}"#.to_owned(),
             r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#.to_owned(),
             r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#.to_owned(),

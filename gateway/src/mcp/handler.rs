@@ -11,7 +11,8 @@ use rmcp::model::{
     ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
     SubscriptionFilter, Tool as McpTool,
 };
-use rmcp::service::{RequestContext, SubscriptionContext};
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -21,10 +22,11 @@ use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::Tool;
 use crate::core::ids::is_traceparent;
-use crate::core::{CallError, CallInput};
+use crate::core::{CallError, CallInput, ProgressSink};
 use crate::identity::Identity;
 use crate::metrics::CallOutcome;
 use crate::state::AppState;
+use toolyard_api::protocol::Progress;
 
 /// Protocol revisions served: the newest rmcp knows, the previous one, and 2025-06-18 for
 /// clients that have not moved on yet.
@@ -69,6 +71,28 @@ pub(super) struct RequestInfo<'a> {
     pub cancel: CancellationToken,
     /// `_meta.traceparent` of the request, if any.
     pub meta_traceparent: Option<&'a str>,
+    /// Where the call's progress goes: the client's `notifications/progress`, when its request
+    /// carried a progress token.
+    pub progress: Option<Arc<dyn ProgressSink>>,
+}
+
+/// A call's progress as `notifications/progress` for the request's progress token: the
+/// fraction done out of a total of 1, and the function's message.
+struct ClientProgress {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+}
+
+#[async_trait::async_trait]
+impl ProgressSink for ClientProgress {
+    async fn report(&self, progress: &Progress) {
+        let mut param = ProgressNotificationParam::new(self.token.clone(), progress.fraction).with_total(1.0);
+        if let Some(message) = &progress.message {
+            param = param.with_message(message.clone());
+        }
+        // A client that went away gets nothing more; the call's own end follows.
+        let _ = self.peer.notify_progress(param).await;
+    }
 }
 
 impl<'a> RequestInfo<'a> {
@@ -79,6 +103,10 @@ impl<'a> RequestInfo<'a> {
             request_id: serde_json::to_value(&context.id).unwrap_or(Value::Null),
             cancel: context.ct.clone(),
             meta_traceparent: context.meta.0.get_traceparent(),
+            progress: context
+                .meta
+                .get_progress_token()
+                .map(|token| Arc::new(ClientProgress { peer: context.peer.clone(), token }) as Arc<dyn ProgressSink>),
         }
     }
 
@@ -281,6 +309,7 @@ impl McpHandler {
             parent_task: None,
             cancel,
             cancel_key: Some(cancel_key),
+            progress: info.progress.clone(),
         };
         match self.state.calls.call(input).await {
             Ok(called) => Ok(convert::call_result_to_mcp(called.result)),

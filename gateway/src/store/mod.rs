@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use toolyard_api::OwnerKey;
 
+pub mod events;
 pub mod fs;
 pub mod s3;
 

@@ -246,7 +246,7 @@ pub async fn event_segments(
         .list(owner, &folder)
         .await?
         .iter()
-        .filter_map(|o| o.path.rsplit('/').next()?.strip_suffix(".jsonl")?.parse().ok())
+        .filter_map(|o| crate::store::events::segment_number(&o.path))
         .filter(|n| *n >= from)
         .collect();
     segments.sort_unstable();

@@ -1,7 +1,8 @@
 //! Running the tool command once, as a fresh process in its own process group.
 //!
-//! The arguments go to its stdin as JSON; it gets `TOOLYARD_RESULT_FILE` and
-//! `TOOLYARD_ERROR_FILE` in a private temporary folder, `TRACEPARENT`, and the environment of
+//! The arguments go to its stdin as JSON; it gets `TOOLYARD_RESULT_FILE`,
+//! `TOOLYARD_ERROR_FILE` and (when progress is wanted) `TOOLYARD_PROGRESS_FILE` in a private
+//! temporary folder, `TRACEPARENT`, and the environment of
 //! this process without its credentials (see [`ToolCommand`]). Its stdout and stderr are
 //! captured (bounded). At a stop (deadline or SIGTERM) the whole group gets SIGTERM, then
 //! SIGKILL after a short grace; when the command ends, whatever it left behind in its group
@@ -21,6 +22,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env, pool};
 
 use crate::capture::{Capture, Captured};
 use crate::outcome::{self, Exit, Finished};
+use crate::progress::{ProgressFile, ProgressSender};
 
 /// Variables of the runner that never reach the tool command: the tool gets no credentials.
 pub const SCRUBBED_ENV: &[&str] = &[env::TOKEN, env::GATEWAY_URL, pool::env::KEY, pool::env::KEY_FILE];
@@ -114,6 +116,9 @@ pub struct RunSpec {
     pub log_limit: usize,
     /// Time between SIGTERM and SIGKILL at a stop.
     pub kill_grace: Duration,
+    /// Where the function's progress reports go; `None` leaves the function without a
+    /// progress file (its reports are dropped).
+    pub progress: Option<ProgressSender>,
 }
 
 /// What a run produced.
@@ -207,6 +212,7 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
     };
     let result_file = dir.path().join("result.json");
     let error_file = dir.path().join("error.txt");
+    let progress_file = dir.path().join("progress.jsonl");
 
     let mut command = match spec.command.command() {
         Ok(command) => command,
@@ -217,6 +223,10 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
         Some(tp) => command.env(env::TRACEPARENT, tp),
         None => command.env_remove(env::TRACEPARENT),
     };
+    match &spec.progress {
+        Some(_) => command.env(env::PROGRESS_FILE, &progress_file),
+        None => command.env_remove(env::PROGRESS_FILE),
+    };
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
@@ -225,6 +235,10 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
         }
     };
     let group = ProcessGroup::new(child.id());
+    let progress = spec.progress.map(|sender| {
+        let (done, stopped) = tokio::sync::oneshot::channel();
+        (done, tokio::spawn(ProgressFile::new(progress_file).follow(sender, stopped)))
+    });
 
     if let Some(mut stdin) = child.stdin.take() {
         let data = spec.stdin;
@@ -273,6 +287,10 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
     })
     .await;
     let (stdout, stderr) = (out.take(), err.take());
+    if let Some((done, follower)) = progress {
+        let _ = done.send(());
+        let _ = follower.await;
+    }
 
     let result = match (stopped, status) {
         (Some(reason), _) => CallResult::err(CallErrorKind::TimedOut, reason.message(), None, elapsed_ms()),

@@ -8,6 +8,7 @@
 //!   what `toolyard-runner serve` puts behind HTTP and the local mode calls in-process.
 //! - [`outcome`]: how a finished tool process becomes a [`toolyard_api::protocol::CallResult`].
 //! - [`capture`]: bounded capture of a process's output.
+//! - [`progress`]: the function's progress reports (a file, or jsonl protocol lines).
 //!
 //! The tool command never sees the runner's or gateway's credentials ([`child::SCRUBBED_ENV`]
 //! plus what a [`child::ToolCommand`] removes).
@@ -17,4 +18,5 @@ pub mod capture;
 pub mod child;
 pub mod outcome;
 pub mod pool;
+pub mod progress;
 pub mod worker;

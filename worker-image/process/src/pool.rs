@@ -20,6 +20,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult};
 use crate::admission::{Admission, Admitted};
 use crate::capture::Captured;
 use crate::child::{self, RunSpec, StopReason, ToolCommand};
+use crate::progress::ProgressSender;
 use crate::worker::Worker;
 
 /// How a pool runs its tool.
@@ -63,6 +64,8 @@ pub struct PoolCall<'a> {
     pub timeout: Duration,
     /// W3C trace context for a fresh process.
     pub traceparent: Option<&'a str>,
+    /// Where the function's progress reports go, if anywhere.
+    pub progress: Option<&'a ProgressSender>,
 }
 
 /// What a call produced.
@@ -203,6 +206,7 @@ impl WorkerPool {
                 traceparent: call.traceparent.map(str::to_owned),
                 log_limit: self.settings.log_limit,
                 kill_grace: self.settings.kill_grace,
+                progress: call.progress.cloned(),
             };
             let timeout = call.timeout;
             let output = child::run_once(spec, async move {
@@ -238,7 +242,7 @@ impl WorkerPool {
                 }
             },
         };
-        let outcome = worker.call(call.id, call.arguments, call.traceparent, call.timeout).await;
+        let outcome = worker.call(call.id, call.arguments, call.traceparent, call.timeout, call.progress).await;
         if outcome.reusable {
             self.give_back(worker);
             drop(admitted);
@@ -314,7 +318,7 @@ mod tests {
     }
 
     fn call<'a>(arguments: &'a Map<String, Value>) -> PoolCall<'a> {
-        PoolCall { id: "c1", arguments, timeout: Duration::from_secs(10), traceparent: None }
+        PoolCall { id: "c1", arguments, timeout: Duration::from_secs(10), traceparent: None, progress: None }
     }
 
     #[tokio::test]

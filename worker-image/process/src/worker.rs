@@ -16,6 +16,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use crate::capture::{Capture, Captured};
 use crate::child::{ProcessGroup, StopReason, ToolCommand};
 use crate::outcome::{Exit, MAX_RESULT_BYTES, signal_name};
+use crate::progress::ProgressSender;
 
 /// Longest answer line accepted (the result plus its envelope).
 const MAX_LINE: u64 = MAX_RESULT_BYTES + 64 * 1024;
@@ -128,6 +129,7 @@ impl Worker {
         arguments: &Map<String, Value>,
         traceparent: Option<&str>,
         timeout: Duration,
+        progress: Option<&ProgressSender>,
     ) -> WorkerCall {
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -137,7 +139,20 @@ impl Worker {
             line.push(b'\n');
             self.stdin.write_all(&line).await.map_err(|e| format!("cannot write to the worker: {e}"))?;
             self.stdin.flush().await.map_err(|e| format!("cannot write to the worker: {e}"))?;
-            self.read_line().await
+            // Progress lines of this call come first, then its answer.
+            loop {
+                let line = self.read_line().await?;
+                match serde_json::from_slice::<Answer>(&line) {
+                    Ok(answer) => return Ok::<_, String>(Some(answer)),
+                    Err(_) if is_progress_of(&line, id) => {
+                        if let Some(progress) = progress.and_then(|tx| Some((tx, crate::progress::parse_line(&line)?)))
+                        {
+                            progress.0.send_replace(Some(progress.1));
+                        }
+                    }
+                    Err(_) => return Ok(None),
+                }
+            }
         };
         let answer = tokio::time::timeout(timeout, exchange).await;
         let (result, reusable) = match answer {
@@ -149,9 +164,9 @@ impl Worker {
                 let message = self.death_message(&e).await;
                 (CallResult::err(CallErrorKind::Crashed, message, None, ms()), false)
             }
-            Ok(Ok(line)) => match serde_json::from_slice::<Answer>(&line) {
-                Ok(answer) if answer.id.as_deref() == Some(id) => (answer_result(answer, ms()), true),
-                Ok(answer) if answer.kind.as_deref() == Some("protocol") => {
+            Ok(Ok(answer)) => match answer {
+                Some(answer) if answer.id.as_deref() == Some(id) => (answer_result(answer, ms()), true),
+                Some(answer) if answer.kind.as_deref() == Some("protocol") => {
                     let message = format!("worker protocol error: {}", answer.error.unwrap_or_default());
                     (CallResult::err(CallErrorKind::ToolError, message, None, ms()), false)
                 }
@@ -214,6 +229,19 @@ impl Worker {
     }
 }
 
+/// A progress line of call `id`: `{"id": id, "progress": ...}` without `ok`.
+fn is_progress_of(line: &[u8], id: &str) -> bool {
+    #[derive(Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow)]
+        id: Option<std::borrow::Cow<'a, str>>,
+        ok: Option<serde::de::IgnoredAny>,
+        progress: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Line<'_>>(line)
+        .is_ok_and(|l| l.ok.is_none() && l.progress.is_some() && l.id.as_deref() == Some(id))
+}
+
 fn answer_result(answer: Answer, ms: u64) -> CallResult {
     if answer.ok {
         return CallResult::ok(answer.result.unwrap_or(Value::Null), ms);
@@ -231,6 +259,15 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn progress_lines_are_told_from_answers() {
+        assert!(is_progress_of(br#"{"id":"c1","progress":0.5,"message":"half"}"#, "c1"));
+        assert!(!is_progress_of(br#"{"id":"c2","progress":0.5}"#, "c1"), "another call's");
+        assert!(!is_progress_of(br#"{"id":"c1","ok":true,"progress":0.5}"#, "c1"), "an answer");
+        assert!(!is_progress_of(br#"{"id":"c1"}"#, "c1"));
+        assert!(!is_progress_of(b"progress", "c1"));
+    }
 
     #[test]
     fn answer_kinds_map_to_error_kinds() {

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
+
+import toolyard
 
 CALLS = 0  # module state: proves a jsonl worker serves many calls from one process
 
@@ -139,3 +142,17 @@ def varargs(*values: int) -> int:
 def bad_type(values: set[int]) -> int:
     """A set has no JSON form."""
     return len(values)
+
+
+def steps(n: int, pause: float = 0.0) -> dict:
+    """Report progress n times, each after `pause` seconds."""
+    passed_on = 0
+    for i in range(1, n + 1):
+        time.sleep(pause)
+        passed_on += toolyard.progress(i / n, f"step {i} of {n}")
+    return {"passed_on": passed_on}
+
+
+def anything_progress(value: Any = None) -> bool:
+    """Report `value` as the fraction, whatever it is."""
+    return toolyard.progress(value)

@@ -283,3 +283,65 @@ def test_jsonl_answers_each_request_before_the_next_arrives():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- progress ---------------------------------------------------------------------------
+
+
+def run_with_progress(tmp_path, target: str, arguments: dict, progress_file: bool = True):
+    result, error, progress = tmp_path / "result.json", tmp_path / "error.txt", tmp_path / "progress.jsonl"
+    extra = {"TOOLYARD_RESULT_FILE": str(result), "TOOLYARD_ERROR_FILE": str(error)}
+    if progress_file:
+        extra["TOOLYARD_PROGRESS_FILE"] = str(progress)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolyard.run", target],
+        input=json.dumps(arguments).encode(),
+        capture_output=True,
+        timeout=30,
+        env=subprocess_env(**extra),
+    )
+    reports = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
+    return proc, json.loads(result.read_text()) if result.exists() else None, reports
+
+
+def test_progress_reports_are_appended_to_the_progress_file(tmp_path):
+    proc, result, reports = run_with_progress(tmp_path, "sample_tools:steps", {"n": 3, "pause": 0.12})
+    assert proc.returncode == 0, proc.stderr
+    assert result == {"passed_on": 3}
+    assert reports == [
+        {"progress": 1 / 3, "message": "step 1 of 3"},
+        {"progress": 2 / 3, "message": "step 2 of 3"},
+        {"progress": 1.0, "message": "step 3 of 3"},
+    ]
+
+
+def test_progress_in_a_tight_loop_is_thinned_but_the_last_report_kept(tmp_path):
+    proc, result, reports = run_with_progress(tmp_path, "sample_tools:steps", {"n": 100000})
+    assert proc.returncode == 0, proc.stderr
+    assert 1 <= len(reports) < 100, len(reports)
+    assert result["passed_on"] == len(reports)
+    assert reports[-1] == {"progress": 1.0, "message": "step 100000 of 100000"}
+
+
+def test_progress_outside_a_call_with_reports_does_nothing(tmp_path):
+    proc, result, reports = run_with_progress(tmp_path, "sample_tools:steps", {"n": 2}, progress_file=False)
+    assert (proc.returncode, result, reports) == (0, {"passed_on": 0}, [])
+
+
+@pytest.mark.parametrize("fraction", [1.5, -0.5, "half", True])
+def test_a_fraction_outside_0_to_1_is_refused(tmp_path, fraction):
+    proc, result, reports = run_with_progress(tmp_path, "sample_tools:anything_progress", {"value": fraction})
+    assert proc.returncode == 1 and reports == []
+    assert "fraction must be a number from 0 to 1" in (tmp_path / "error.txt").read_text()
+
+
+def test_jsonl_progress_lines_carry_the_call_id_and_come_before_the_answer():
+    code, lines, stderr = jsonl("sample_tools:steps", request("a", n=2, pause=0.12), request("b", n=1))
+    assert code == 0, stderr
+    assert lines[1:] == [
+        {"id": "a", "progress": 0.5, "message": "step 1 of 2"},
+        {"id": "a", "progress": 1.0, "message": "step 2 of 2"},
+        {"id": "a", "ok": True, "result": {"passed_on": 2}},
+        {"id": "b", "progress": 1.0, "message": "step 1 of 1"},
+        {"id": "b", "ok": True, "result": {"passed_on": 1}},
+    ]

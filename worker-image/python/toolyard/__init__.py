@@ -3,6 +3,11 @@
 - `python -m toolyard.run module:function` runs one function under the runner protocol.
 - `python -m toolyard.manifest module:function ... --image IMAGE` writes McpTool YAML
   from the functions' type hints and docstrings.
+- `toolyard.progress(fraction, message)`, called by a running function, tells the caller how
+  far it is.
 """
 
+from ._progress import progress
+
+__all__ = ["progress"]
 __version__ = "0.1.0"

@@ -9,8 +9,10 @@ arguments or bad invocation, 3 the result is not JSON (or holds NaN/Infinity).
 JSON-lines mode (`TOOLYARD_PROTOCOL=jsonl`), a long-lived worker for pools with
 process reuse: after `{"ready": true}`, each stdin line `{"id": "...", "arguments":
 {...}}` is answered by one stdout line `{"id": ..., "ok": true, "result": ...}` or
-`{"id": ..., "ok": false, "kind": ..., "error": "..."}`. A request may carry the call's
-`"traceparent"` (file mode reads `$TRACEPARENT`). The protocol owns the
+`{"id": ..., "ok": false, "kind": ..., "error": "..."}`, after any progress lines
+`{"id": ..., "progress": 0.5, "message": "..."}` of the call (file mode appends those to
+`$TOOLYARD_PROGRESS_FILE`). A request may carry the call's `"traceparent"` (file mode reads
+`$TRACEPARENT`). The protocol owns the
 original stdout and stdin; the function sees stderr as fd 1 and /dev/null as fd 0.
 
 Whatever the function prints goes to the process's stdout/stderr (the call's logs),
@@ -26,7 +28,7 @@ import sys
 import types
 from typing import IO, Any, NoReturn
 
-from . import _tracing
+from . import _progress, _tracing
 from ._types import (
     BadResult,
     FunctionSpec,
@@ -203,8 +205,9 @@ def _send(out: IO[bytes], message: dict[str, Any]) -> None:
     out.flush()
 
 
-def serve_line(spec: FunctionSpec, line: bytes) -> dict[str, Any]:
-    """Answer one request line of the jsonl protocol."""
+def serve_line(spec: FunctionSpec, line: bytes, out: IO[bytes] | None = None) -> dict[str, Any]:
+    """Answer one request line of the jsonl protocol; the function's progress reports go to
+    `out` as lines with the request's id, before the answer."""
     try:
         request = parse_json(line)
     except ValueError as e:
@@ -222,11 +225,15 @@ def serve_line(spec: FunctionSpec, line: bytes) -> dict[str, Any]:
     if not isinstance(request.get("arguments"), dict):
         return refuse("request 'arguments' must be a JSON object")
     traceparent = request.get("traceparent")
+    if out is not None:
+        _progress.begin_call(lambda report: _send(out, {"id": request_id, **report}))
     try:
         result = call(spec, request["arguments"], traceparent if isinstance(traceparent, str) else None)
         return {"id": request_id, "ok": True, "result": result}
     except CallFailed as e:
         return {"id": request_id, "ok": False, "kind": e.kind, "error": shorten(e.message)}
+    finally:
+        _progress.end_call()
 
 
 def run_jsonl_mode(target: str | None, usage_error: str | None = None) -> int:
@@ -253,7 +260,7 @@ def run_jsonl_mode(target: str | None, usage_error: str | None = None) -> int:
     _send(out, {"ready": True})
     for line in requests:
         if line.strip():
-            _send(out, serve_line(spec, line))
+            _send(out, serve_line(spec, line, out))
     return 0
 
 

@@ -3,7 +3,8 @@
 //!
 //! `POST /v1/call` with a call token signed by the pool's derived key runs one call: a fresh
 //! CMD process per call, or, with `--reuse`, a call on one of the long-lived JSON-lines
-//! workers (one per slot). At most `--concurrency` calls run and `--queue` wait; beyond that
+//! workers (one per slot). The answer holds the result, the logs and the function's progress
+//! reports. At most `--concurrency` calls run and `--queue` wait; beyond that
 //! the answer is 503 with `Retry-After`. `GET /readyz` is 200 once the workers are up.
 
 mod auth;
@@ -25,6 +26,7 @@ use clap::Args;
 use serde_json::json;
 use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
 use toolyard_process::pool::{PoolCall, PoolSettings, Readiness, Refused, WorkerPool};
+use toolyard_process::progress::ProgressLog;
 
 use crate::capture::DEFAULT_LOG_LIMIT;
 use crate::child::ToolCommand;
@@ -143,13 +145,19 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     // own span is its child.
     let span = tracing::info_span!("call", "otel.kind" = "server", "toolyard.call.id" = %request.id);
     let traceparent = toolyard_telemetry::continue_trace(&span, request.traceparent.clone());
+    // The function's progress reports go back with the answer (a pool pod has no credential
+    // for the gateway's internal API).
+    let progress = ProgressLog::start(None);
     let call = PoolCall {
         id: &request.id,
         arguments: &request.arguments,
         timeout: Duration::from_millis(request.timeout_ms),
         traceparent: traceparent.as_deref(),
+        progress: Some(progress.sender()),
     };
-    let output = match server.pool.call(call).instrument(span).await {
+    let called = server.pool.call(call).instrument(span).await;
+    let progress = progress.finish().await;
+    let output = match called {
         Ok(output) => output,
         Err(refused @ (Refused::Busy | Refused::Closed)) => {
             let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, &refused.to_string());
@@ -159,7 +167,8 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     };
     let result = output.result;
     tracing::debug!(call = %request.id, ok = !result.is_error(), duration_ms = result.duration_ms, "pool call finished");
-    let response = PoolCallResponse { result, stdout: output.stdout.into_text(), stderr: output.stderr.into_text() };
+    let response =
+        PoolCallResponse { result, stdout: output.stdout.into_text(), stderr: output.stderr.into_text(), progress };
     (StatusCode::OK, axum::Json(response)).into_response()
 }
 
