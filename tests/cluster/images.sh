@@ -179,8 +179,32 @@ c=$(context); cp "$BIN/coredns" "$c/coredns"
 printf 'FROM %s\nCOPY coredns /coredns\nENTRYPOINT ["/coredns"]\n' "$CC_IMAGE" >"$c/Dockerfile"
 build "toolyard.local/coredns:$COREDNS_VERSION" "$c"; TAGS+=("toolyard.local/coredns:$COREDNS_VERSION")
 
-build "ghcr.io/toolyard/test-misbehaving:$VERSION" --build-arg "BASE=ghcr.io/toolyard/pricing:$VERSION" \
-  "$ROOT/tests/fixtures/misbehaving"
+# The misbehaving tools' image also holds toolyard[tracing]'s packages (OpenTelemetry's SDK and
+# OTLP exporter, the versions tests/python-requirements.txt pins), so the function's own span
+# is tested on the node: wheels for the image's Python (Debian bookworm's 3.11), downloaded
+# once with the test venv's pip (the build itself has no network) and unpacked.
+otel_packages() {
+  local python=${TOOLYARD_TEST_PYTHON:-$CACHE/venv/bin/python} reqs key dir
+  reqs=$(grep '^opentelemetry-' "$ROOT/tests/python-requirements.txt")
+  key=$(printf '%s\n' "$reqs" | sha256sum | cut -c1-12)
+  dir=$CACHE/images/otel-py311-$key
+  if [[ ! -d $dir/site ]]; then
+    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/wheels" "$dir.tmp/site"
+    # shellcheck disable=SC2086 # one requirement per word
+    "$python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+      --python-version 3.11 --implementation cp --abi cp311 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+      -d "$dir.tmp/wheels" $reqs >&2 || die "downloading the OpenTelemetry wheels failed"
+    for wheel in "$dir.tmp/wheels"/*.whl; do
+      "$python" -m zipfile -e "$wheel" "$dir.tmp/site" || die "unpacking $wheel failed"
+    done
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir/site"
+}
+c=$(context); cp "$ROOT/tests/fixtures/misbehaving/"{Dockerfile,misbehaving.py} "$c/"
+cp -r "$(otel_packages)" "$c/otel"
+build "ghcr.io/toolyard/test-misbehaving:$VERSION" --build-arg "BASE=ghcr.io/toolyard/pricing:$VERSION" "$c"
 TAGS+=("ghcr.io/toolyard/test-misbehaving:$VERSION")
 
 # One tool image of each kind the runner must run in: glibc only as a library and no shell

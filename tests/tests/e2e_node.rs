@@ -406,6 +406,7 @@ async fn scenario(install: &mut Install) {
 async fn traces(install: &Install) {
     const GATEWAY: &str = "toolyard-gateway";
     const RUNNER: &str = "toolyard-runner";
+    const FUNCTION: &str = "toolyard-function";
     let store = TraceStore::get();
     let client = install.client().await;
     let wait = Duration::from_secs(90);
@@ -440,6 +441,16 @@ async fn traces(install: &Install) {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let execute = trace.one(GATEWAY, "execute");
     assert_eq!(trace.parent(trace.one(RUNNER, "call")).id, execute.id, "the pool pod's runner:\n{}", trace.tree());
+
+    // The Python function's own span, from a tool image that has OpenTelemetry's SDK
+    // (`toolyard[tracing]`: the misbehaving fixtures' image has it, the pricing example's not).
+    let function = ClientSpan::new();
+    let args = json!({"n": 1, "pause": 0.0});
+    structured(&call_in_trace(&client, "progress_steps", args, &function.traceparent).await);
+    let expected = [(GATEWAY, "tools/call progress_steps"), (RUNNER, "function.call"), (FUNCTION, "misbehaving.steps")];
+    let trace = store.wait_for(&function.trace_id, &expected, wait).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let python = trace.one(FUNCTION, "misbehaving.steps");
+    assert_eq!(trace.parent(python).id, trace.one(RUNNER, "function.call").id, "\n{}", trace.tree());
 }
 
 /// A function in a Job pod on the node reports progress: the Python SDK client that asked for
@@ -662,7 +673,9 @@ async fn coding_task_outlives_the_leading_controller(install: &mut Install) {
     install.model.set_script(turns);
     let before = install.model.requests().len();
     let first_leader = install.lease_holder().await.expect("a controller leads");
-    let run = call(&client, "run_coding_task", json!({"task": coding_support::PRICING_TASK}));
+    let span = ClientSpan::new();
+    let run =
+        call_in_trace(&client, "run_coding_task", json!({"task": coding_support::PRICING_TASK}), &span.traceparent);
     let failover = async {
         wait_for_requests(&install.model, before + 2, Duration::from_secs(180)).await.expect("the second step");
         let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, &install.ns);
@@ -676,4 +689,40 @@ async fn coding_task_outlives_the_leading_controller(install: &mut Install) {
     coding_support::check_pricing(&client, &result, &requests).await;
     let second_leader = install.lease_holder().await.expect("a controller leads");
     assert_ne!(first_leader, second_leader, "the other replica took over");
+
+    // One trace: the gateway pod, the controllers' reconciles, the agent in its Job pod, its
+    // model calls through the gateway's proxy, and its tool calls down to their Job pods.
+    const GATEWAY: &str = "toolyard-gateway";
+    const RUNNER: &str = "toolyard-runner";
+    let expected = [
+        (GATEWAY, "tools/call run_coding_task"),
+        ("toolyard-controller", "reconcile CodingTask"),
+        (RUNNER, "agent.run"),
+        (RUNNER, "model.generate"),
+        (GATEWAY, "model.proxy"),
+        (RUNNER, "tool.call"),
+        (GATEWAY, "tools/call price_option"),
+        (RUNNER, "call"),
+    ];
+    let trace = TraceStore::get()
+        .wait_for(&span.trace_id, &expected, Duration::from_secs(90))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let task = trace.one(GATEWAY, "tools/call run_coding_task");
+    assert_eq!(task.parent.as_deref(), Some(span.span_id.as_str()), "\n{}", trace.tree());
+    let agent = trace.one(RUNNER, "agent.run");
+    let mut above = trace.parent(agent);
+    while above.id != task.id && above.parent.is_some() {
+        above = trace.parent(above);
+    }
+    assert_eq!(above.id, task.id, "agent.run under the task's span:\n{}", trace.tree());
+    for generate in trace.named(RUNNER, "model.generate") {
+        assert_eq!(trace.parent(generate).id, agent.id, "\n{}", trace.tree());
+    }
+    for tool_call in trace.named(RUNNER, "tool.call") {
+        assert_eq!(trace.parent(tool_call).id, agent.id, "\n{}", trace.tree());
+    }
+    for priced in trace.named(GATEWAY, "tools/call price_option") {
+        assert_eq!(trace.parent(priced).name, "tool.call", "the gateway's calls under the agent's:\n{}", trace.tree());
+    }
 }
