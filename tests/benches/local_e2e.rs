@@ -17,8 +17,8 @@
 //! `TOOLYARD_BENCH_PYTHON`, else `python3` resolved to its real executable.
 //! `TOOLYARD_BENCH_SECONDS` (default 5) per cell, `TOOLYARD_BENCH_CLIENTS` (default `1,4`),
 //! `TOOLYARD_BENCH_DATA_DIR` (default: a temporary folder) for the gateway's call files.
-//! `TOOLYARD_BENCH_BASELINE_BIN_DIR`: compare this build's Pool calls with another build's
-//! gateway instead (see `compare_builds`).
+//! `TOOLYARD_BENCH_BASELINE_BIN_DIR`: compare this build's Pool and Job calls with another
+//! build's gateway and runner instead (see `compare_builds`).
 //! Before measuring it compiles the bundled `toolyard` package and the example to bytecode, as
 //! `pip install` and the container image do (with `PYTHONDONTWRITEBYTECODE` set, as on some
 //! machines, each fresh process would otherwise compile them again).
@@ -210,7 +210,7 @@ fn write_manifests(dir: &Path, slots: usize) {
     std::fs::write(dir.join("tools.yaml"), yaml).expect("write manifests");
 }
 
-fn start_gateway(gateway: &Path, tools: &Path, data: &Path, python: &Path) -> (Killed, String) {
+fn start_gateway(gateway: &Path, runner: &Path, tools: &Path, data: &Path, python: &Path) -> (Killed, String) {
     let mut child = Command::new(gateway)
         .arg("local")
         .arg(tools)
@@ -218,7 +218,7 @@ fn start_gateway(gateway: &Path, tools: &Path, data: &Path, python: &Path) -> (K
         .arg("--data-dir")
         .arg(data)
         .arg("--runner")
-        .arg(local::binary("toolyard-runner"))
+        .arg(runner)
         .arg("--python")
         .arg(python)
         .env("RUST_LOG", "warn")
@@ -296,7 +296,8 @@ async fn run() {
     if let Some(baseline) = std::env::var_os("TOOLYARD_BENCH_BASELINE_BIN_DIR") {
         return compare_builds(&PathBuf::from(baseline), &tools, &data, &python, &clients, seconds).await;
     }
-    let (_gateway, gateway_url) = start_gateway(&local::binary("toolyard-gateway"), &tools, &data, &python);
+    let (_gateway, gateway_url) =
+        start_gateway(&local::binary("toolyard-gateway"), &local::binary("toolyard-runner"), &tools, &data, &python);
     let (_sdk, sdk_url) = start_sdk_server();
     let pool = Arc::new(Target {
         name: "toolyard local, Pool + reuse".into(),
@@ -366,33 +367,59 @@ async fn run() {
     }
 }
 
-/// `TOOLYARD_BENCH_BASELINE_BIN_DIR`: the Pool cells only, this build's gateway against the
-/// gateway in that folder (e.g. built from an earlier commit), both serving at once, in
-/// alternating cells (three rounds per client count) so that the host's load hits both alike.
+/// `TOOLYARD_BENCH_BASELINE_BIN_DIR`: this build's gateway and runner against those in that
+/// folder (e.g. built from an earlier commit), both serving at once, in alternating cells
+/// (three rounds per client count) so that the host's load hits both alike: Pool calls (a warm
+/// worker) and Job calls (a fresh runner and Python process each).
 async fn compare_builds(baseline: &Path, tools: &Path, data: &Path, python: &Path, clients: &[usize], seconds: f64) {
-    let (_base, base_url) = start_gateway(&baseline.join("toolyard-gateway"), tools, &data.join("baseline"), python);
-    let (_this, this_url) = start_gateway(&local::binary("toolyard-gateway"), tools, &data.join("this"), python);
-    let target = |name: &str, url: String| {
-        Arc::new(Target { name: name.into(), url, token: Some(TOKEN.into()), tool: "price_option_pool" })
-    };
-    let (base, this) = (target("baseline build, Pool + reuse", base_url), target("this build, Pool + reuse", this_url));
-    for t in [&base, &this] {
-        wait_ready(t).await;
-        run_cell(t, 2, 1.0).await;
-    }
-    println!("# Local mode, Pool + reuse: this build against {} ({seconds} s per cell)", baseline.display());
-    println!();
-    println!("| target | clients | calls/s | p50 ms | p99 ms | errors |");
-    println!("|---|---|---|---|---|---|");
-    for &n in clients {
-        let (mut sum_base, mut sum_this) = (0.0, 0.0);
-        for _ in 0..3 {
-            for (t, sum) in [(&base, &mut sum_base), (&this, &mut sum_this)] {
-                let cell = run_cell(t, n, seconds).await;
-                row(&t.name, n, &cell);
-                *sum += cell.calls_per_second;
-            }
+    let (_base, base_url) = start_gateway(
+        &baseline.join("toolyard-gateway"),
+        &baseline.join("toolyard-runner"),
+        tools,
+        &data.join("baseline"),
+        python,
+    );
+    let (_this, this_url) = start_gateway(
+        &local::binary("toolyard-gateway"),
+        &local::binary("toolyard-runner"),
+        tools,
+        &data.join("this"),
+        python,
+    );
+    for (mode, tool) in [("Pool + reuse", "price_option_pool"), ("Job", "price_option")] {
+        let target =
+            |name: String, url: &str| Arc::new(Target { name, url: url.to_owned(), token: Some(TOKEN.into()), tool });
+        let (base, this) =
+            (target(format!("baseline build, {mode}"), &base_url), target(format!("this build, {mode}"), &this_url));
+        for t in [&base, &this] {
+            wait_ready(t).await;
+            run_cell(t, 2, 1.0).await;
         }
-        println!("clients {n}: this / baseline calls/s = {:.2}x", sum_this / sum_base);
+        println!("# Local mode, {mode}: this build against {} ({seconds} s per cell)", baseline.display());
+        println!();
+        println!("| target | clients | calls/s | p50 ms | p99 ms | errors |");
+        println!("|---|---|---|---|---|---|");
+        for &n in clients {
+            let (mut sum_base, mut sum_this) = (0.0, 0.0);
+            let (mut p50_base, mut p50_this) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                for (t, sum, p50) in [(&base, &mut sum_base, &mut p50_base), (&this, &mut sum_this, &mut p50_this)] {
+                    let cell = run_cell(t, n, seconds).await;
+                    row(&t.name, n, &cell);
+                    *sum += cell.calls_per_second;
+                    p50.push(cell.p50_ms);
+                }
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "{mode}, clients {n}: this / baseline calls/s = {:.2}x, p50 = {:.2}x",
+                sum_this / sum_base,
+                median(&mut p50_this) / median(&mut p50_base)
+            );
+        }
+        println!();
     }
 }

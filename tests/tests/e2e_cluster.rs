@@ -193,8 +193,11 @@ async fn progress_and_call_events(platform: &mut Platform) {
     }
 
     let admin = env.client(User::Admin).await;
-    let calls: Vec<ToolCall> =
-        Api::<ToolCall>::namespaced(admin.clone(), &platform.ns).list(&Default::default()).await.unwrap().items;
+    let calls: Vec<ToolCall> = Api::<ToolCall>::namespaced(admin.clone(), &platform.ns)
+        .list(&Default::default())
+        .await
+        .expect("ToolCalls")
+        .items;
     let steps: Vec<&ToolCall> = calls.iter().filter(|c| c.spec.tool == "steps").collect();
     assert_eq!(steps.len(), 2);
     let s3 = env.s3();

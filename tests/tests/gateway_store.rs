@@ -172,11 +172,27 @@ async fn folder_store_never_follows_links_out_of_its_root() {
     ];
     assert!(store.put_all(&alice, batch).await.is_err(), "a planted file link in a batch is refused");
     assert!(store.put_all(&alice, vec![("tasks/t2/a.json".to_owned(), Bytes::from_static(b"x"))]).await.is_err());
+    // And a file in a subfolder of the checked one: the subfolder is checked too.
+    std::fs::create_dir_all(owner_dir.join("calls/c2")).expect("c2");
+    std::os::unix::fs::symlink(&outside, owner_dir.join("calls/c2/events")).expect("subfolder link");
+    let batch = vec![
+        ("calls/c2/input.json".to_owned(), Bytes::from_static(b"{}")),
+        ("calls/c2/events/000001.jsonl".to_owned(), Bytes::from_static(b"{}\n")),
+    ];
+    assert!(store.put_all(&alice, batch).await.is_err(), "a planted subfolder link in a batch is refused");
+    assert!(!outside.join("000001.jsonl").exists(), "nothing was written through the subfolder link");
     assert!(!outside.join("t2").exists(), "nothing was written through the folder link");
     assert!(!outside.join("t1").exists(), "nothing was written through the link");
     assert!(store.list(&alice, "tasks/").await.is_err());
     let listed = store.list(&alice, "calls/").await.expect("list");
-    assert_eq!(listed, vec![ObjectInfo { path: "calls/c1/input.json".into(), size: 2 }], "links are not listed");
+    assert_eq!(
+        listed,
+        vec![
+            ObjectInfo { path: "calls/c1/input.json".into(), size: 2 },
+            ObjectInfo { path: "calls/c2/input.json".into(), size: 2 },
+        ],
+        "links are not listed"
+    );
     assert_eq!(std::fs::read(outside.join("secret.txt")).expect("read"), b"top secret");
 }
 

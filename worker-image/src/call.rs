@@ -17,6 +17,7 @@ use tracing::Instrument;
 use crate::api::InternalApi;
 use crate::capture::{DEFAULT_LOG_LIMIT, truncate_chars};
 use crate::child::{self, RunSpec, StopReason, ToolCommand};
+use toolyard_process::progress::ProgressReporter;
 
 /// Where Kubernetes reads a container's termination message.
 const POD_TERMINATION_LOG: &str = "/dev/termination-log";
@@ -128,7 +129,7 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
         traceparent: toolyard_telemetry::pass_on(&function, args.traceparent),
         log_limit: args.log_limit,
         kill_grace,
-        progress: Some(progress),
+        progress: Some(ProgressReporter::to_sender(progress)),
     };
     let mut posted = None;
     let output = tokio::select! {

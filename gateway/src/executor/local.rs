@@ -199,13 +199,14 @@ impl LocalExecutor {
             Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
         // The function's reports go to the waiting caller as they come, and into the call's log.
-        let progress = ProgressLog::start(request.progress.clone());
+        let progress = ProgressLog::new(request.progress.clone());
+        let reporter = progress.reporter();
         let call = PoolCall {
             id,
             arguments: &request.arguments,
             timeout,
             traceparent: request.traceparent.as_deref(),
-            progress: Some(progress.sender()),
+            progress: Some(&reporter),
         };
         let started = std::time::Instant::now();
         let limit = timeout + self.settings.kill_grace + Duration::from_secs(5);
@@ -223,7 +224,7 @@ impl LocalExecutor {
                 (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)
             }
         };
-        let log = events::pool_log(&request, progress.finish().await, &result);
+        let log = events::pool_log(&request, progress.events(), &result);
         self.records.record(CallRecord::new(owner, id, input, &result, stdout, stderr).with_events(log)).await;
         Ok(result)
     }

@@ -124,14 +124,30 @@ impl Inner {
     }
 
     /// Writes several files in order, stopping at the first failure. Files in the folder of
-    /// the one before them skip the folder's checks (done once, for the first).
+    /// the one before them skip the folder's checks (done once, for the first); a file in a
+    /// subfolder of it has only that subfolder checked (and created).
     fn put_all(&self, files: &[(String, Bytes)]) -> Result<()> {
         let mut checked_folder: Option<PathBuf> = None;
         for (key, bytes) in files {
             let target = self.root.join(key.trim_end_matches('/'));
-            let same_folder = checked_folder.as_deref().is_some_and(|f| target.parent() == Some(f));
+            let parent = target.parent();
+            let same_folder = checked_folder.as_deref().is_some_and(|f| parent == Some(f));
+            let in_subfolder = checked_folder.as_deref().is_some_and(|f| parent.and_then(Path::parent) == Some(f));
             let target = if same_folder {
                 // The folder is checked; the file itself must not be a link.
+                exists_unlinked(&target, key)?;
+                target
+            } else if let (true, Some(subfolder)) = (in_subfolder, parent) {
+                if !exists_unlinked(subfolder, key)? {
+                    match std::fs::DirBuilder::new().mode(0o700).create(subfolder) {
+                        Err(e) if e.kind() != ErrorKind::AlreadyExists => {
+                            return Err(io_error("creating", subfolder, e));
+                        }
+                        _ => {}
+                    }
+                    // Created just now (or by another writer): check again that it is no link.
+                    exists_unlinked(subfolder, key)?;
+                }
                 exists_unlinked(&target, key)?;
                 target
             } else {

@@ -22,7 +22,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env, pool};
 
 use crate::capture::{Capture, Captured};
 use crate::outcome::{self, Exit, Finished};
-use crate::progress::{ProgressFile, ProgressSender};
+use crate::progress::{ProgressFile, ProgressReporter};
 
 /// Variables of the runner that never reach the tool command: the tool gets no credentials.
 pub const SCRUBBED_ENV: &[&str] = &[env::TOKEN, env::GATEWAY_URL, pool::env::KEY, pool::env::KEY_FILE];
@@ -118,7 +118,7 @@ pub struct RunSpec {
     pub kill_grace: Duration,
     /// Where the function's progress reports go; `None` leaves the function without a
     /// progress file (its reports are dropped).
-    pub progress: Option<ProgressSender>,
+    pub progress: Option<ProgressReporter>,
 }
 
 /// What a run produced.
@@ -235,9 +235,9 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
         }
     };
     let group = ProcessGroup::new(child.id());
-    let progress = spec.progress.map(|sender| {
+    let progress = spec.progress.map(|report| {
         let (done, stopped) = tokio::sync::oneshot::channel();
-        (done, tokio::spawn(ProgressFile::new(progress_file).follow(sender, stopped)))
+        (done, tokio::spawn(ProgressFile::new(progress_file).follow(report, stopped)))
     });
 
     if let Some(mut stdin) = child.stdin.take() {

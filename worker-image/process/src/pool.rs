@@ -20,7 +20,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult};
 use crate::admission::{Admission, Admitted};
 use crate::capture::Captured;
 use crate::child::{self, RunSpec, StopReason, ToolCommand};
-use crate::progress::ProgressSender;
+use crate::progress::ProgressReporter;
 use crate::worker::Worker;
 
 /// How a pool runs its tool.
@@ -65,7 +65,7 @@ pub struct PoolCall<'a> {
     /// W3C trace context for a fresh process.
     pub traceparent: Option<&'a str>,
     /// Where the function's progress reports go, if anywhere.
-    pub progress: Option<&'a ProgressSender>,
+    pub progress: Option<&'a ProgressReporter>,
 }
 
 /// What a call produced.

@@ -3,20 +3,51 @@
 //! A fresh process appends one JSON object per line to the file named by
 //! [`env::PROGRESS_FILE`](toolyard_api::protocol::env::PROGRESS_FILE); a reused jsonl worker
 //! writes the same object, with the call's `id`, as a line of its protocol before the answer
-//! ([`crate::worker`]). Both land in a [`ProgressSender`]: the latest report wins, so a slow
-//! reader sees fewer reports, never stale ones, and a function reporting in a tight loop costs
-//! the runner one parse per line and nothing more.
+//! ([`crate::worker`]). Both reach a [`ProgressReporter`], called once per valid report (a
+//! progress file's reports once per read, the latest of them), on the task that reads them.
 
+use std::collections::VecDeque;
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::watch;
 use toolyard_api::protocol::{Event, MAX_PROGRESS_EVENTS, Progress};
 
-/// Where a run's progress reports go (the latest one).
+/// Where a waiting caller takes a run's progress: the latest report (a slow reader sees fewer,
+/// never stale ones).
 pub type ProgressSender = watch::Sender<Option<Progress>>;
+
+/// Takes each of a run's progress reports, on the task that reads them (so it must not block).
+#[derive(Clone)]
+pub struct ProgressReporter(Arc<dyn Fn(Progress) + Send + Sync>);
+
+impl std::fmt::Debug for ProgressReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressReporter")
+    }
+}
+
+impl ProgressReporter {
+    /// A reporter calling `take` with each report.
+    pub fn new(take: impl Fn(Progress) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(take))
+    }
+
+    /// A reporter passing each report on to `sender` (the latest wins).
+    pub fn to_sender(sender: ProgressSender) -> Self {
+        Self::new(move |progress| {
+            sender.send_replace(Some(progress));
+        })
+    }
+
+    /// Takes one report.
+    pub fn report(&self, progress: Progress) {
+        (self.0)(progress);
+    }
+}
 
 /// Longest report line read; a longer one is skipped.
 const MAX_REPORT_LINE: usize = 4096;
@@ -47,7 +78,7 @@ impl ProgressFile {
     }
 
     /// Sends the latest valid report among the lines completed since the last read.
-    pub fn read_new(&mut self, sender: &ProgressSender) {
+    pub fn read_new(&mut self, report: &ProgressReporter) {
         if self.file.is_none() {
             self.file = std::fs::File::open(&self.path).ok();
         }
@@ -77,65 +108,68 @@ impl ProgressFile {
                 self.skipping = false;
             }
         }
-        if latest.is_some() {
-            sender.send_replace(latest);
+        if let Some(progress) = latest {
+            report.report(progress);
         }
     }
 
     /// Reads the file every [`POLL_INTERVAL`] until `done` fires (or is dropped), then once
     /// more for the last lines.
-    pub async fn follow(mut self, sender: ProgressSender, mut done: tokio::sync::oneshot::Receiver<()>) {
+    pub async fn follow(mut self, report: ProgressReporter, mut done: tokio::sync::oneshot::Receiver<()>) {
         let mut ticks = tokio::time::interval(POLL_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = ticks.tick() => self.read_new(&sender),
+                _ = ticks.tick() => self.read_new(&report),
                 _ = &mut done => break,
             }
         }
-        self.read_new(&sender);
+        self.read_new(&report);
     }
 }
 
 /// The reports of one call as [`call_event::PROGRESS`](toolyard_api::protocol::call_event)
 /// events, stamped when seen: the latest [`MAX_PROGRESS_EVENTS`] of them. Each report is also
 /// passed on to `forward`, when given (a caller waiting for them).
-#[derive(Debug)]
+#[derive(Clone)]
 pub struct ProgressLog {
-    sender: ProgressSender,
-    task: tokio::task::JoinHandle<Vec<Event>>,
+    events: Arc<Mutex<VecDeque<Event>>>,
+    forward: Option<ProgressSender>,
+}
+
+impl std::fmt::Debug for ProgressLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgressLog").finish_non_exhaustive()
+    }
 }
 
 impl ProgressLog {
-    /// Starts keeping the reports sent to [`ProgressLog::sender`].
-    pub fn start(forward: Option<ProgressSender>) -> Self {
-        let (sender, mut reports) = watch::channel(None::<Progress>);
-        let task = tokio::spawn(async move {
-            let mut events = std::collections::VecDeque::new();
-            while reports.changed().await.is_ok() {
-                let Some(progress) = reports.borrow_and_update().clone() else { continue };
+    /// A log that passes each report on to `forward` too.
+    pub fn new(forward: Option<ProgressSender>) -> Self {
+        Self { events: Arc::default(), forward }
+    }
+
+    /// The reporter that adds to this log.
+    pub fn reporter(&self) -> ProgressReporter {
+        let log = self.clone();
+        ProgressReporter::new(move |progress: Progress| {
+            let event = progress.event(jiff::Timestamp::now().to_string());
+            {
+                let mut events = log.events.lock().unwrap_or_else(|e| e.into_inner());
                 if events.len() == MAX_PROGRESS_EVENTS {
                     events.pop_front();
                 }
-                events.push_back(progress.event(jiff::Timestamp::now().to_string()));
-                if let Some(forward) = &forward {
-                    forward.send_replace(Some(progress));
-                }
+                events.push_back(event);
             }
-            events.into()
-        });
-        Self { sender, task }
+            if let Some(forward) = &log.forward {
+                forward.send_replace(Some(progress));
+            }
+        })
     }
 
-    /// Where the call's reports go.
-    pub fn sender(&self) -> &ProgressSender {
-        &self.sender
-    }
-
-    /// The events kept, once the call is over.
-    pub async fn finish(self) -> Vec<Event> {
-        drop(self.sender);
-        self.task.await.unwrap_or_default()
+    /// The events kept so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 }
 
@@ -150,6 +184,7 @@ mod tests {
         let dir = crate::child::TempDir::new("progress-test").unwrap();
         let path = dir.path().join("progress.jsonl");
         let (tx, rx) = watch::channel(None);
+        let tx = ProgressReporter::to_sender(tx);
         let mut reports = ProgressFile::new(path.clone());
         reports.read_new(&tx);
         assert_eq!(*rx.borrow(), None, "no file yet");
@@ -172,18 +207,19 @@ mod tests {
         assert_eq!(rx.borrow().as_ref().map(|p| p.fraction), Some(1.0));
     }
 
-    #[tokio::test]
-    async fn a_log_keeps_the_latest_reports_as_events_and_forwards_them() {
+    #[test]
+    fn a_log_keeps_the_latest_reports_as_events_and_forwards_them() {
         let (forward, seen) = watch::channel(None);
-        let log = ProgressLog::start(Some(forward));
+        let log = ProgressLog::new(Some(forward));
+        let reporter = log.reporter();
         for i in 0..=MAX_PROGRESS_EVENTS {
-            log.sender().send_replace(Some(Progress { fraction: i as f64 / 100.0, message: None }));
-            tokio::task::yield_now().await;
+            reporter.report(Progress { fraction: i as f64 / 100.0, message: None });
         }
-        let events = log.finish().await;
-        assert!(!events.is_empty() && events.len() <= MAX_PROGRESS_EVENTS);
+        let events = log.events();
+        assert_eq!(events.len(), MAX_PROGRESS_EVENTS, "the latest are kept");
         let last = Progress::of_event(events.last().unwrap()).unwrap();
-        assert_eq!(last.fraction, MAX_PROGRESS_EVENTS as f64 / 100.0, "the last report is never lost");
+        assert_eq!(last.fraction, MAX_PROGRESS_EVENTS as f64 / 100.0);
+        assert_eq!(Progress::of_event(&events[0]).unwrap().fraction, 0.01, "the first one was dropped");
         assert_eq!(seen.borrow().as_ref(), Some(&last));
     }
 }

@@ -16,7 +16,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use crate::capture::{Capture, Captured};
 use crate::child::{ProcessGroup, StopReason, ToolCommand};
 use crate::outcome::{Exit, MAX_RESULT_BYTES, signal_name};
-use crate::progress::ProgressSender;
+use crate::progress::ProgressReporter;
 
 /// Longest answer line accepted (the result plus its envelope).
 const MAX_LINE: u64 = MAX_RESULT_BYTES + 64 * 1024;
@@ -129,7 +129,7 @@ impl Worker {
         arguments: &Map<String, Value>,
         traceparent: Option<&str>,
         timeout: Duration,
-        progress: Option<&ProgressSender>,
+        progress: Option<&ProgressReporter>,
     ) -> WorkerCall {
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -145,9 +145,10 @@ impl Worker {
                 match serde_json::from_slice::<Answer>(&line) {
                     Ok(answer) => return Ok::<_, String>(Some(answer)),
                     Err(_) if is_progress_of(&line, id) => {
-                        if let Some(progress) = progress.and_then(|tx| Some((tx, crate::progress::parse_line(&line)?)))
+                        if let Some(reporter) = progress
+                            && let Some(reported) = crate::progress::parse_line(&line)
                         {
-                            progress.0.send_replace(Some(progress.1));
+                            reporter.report(reported);
                         }
                     }
                     Err(_) => return Ok(None),

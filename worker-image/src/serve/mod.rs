@@ -147,16 +147,17 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     let traceparent = toolyard_telemetry::continue_trace(&span, request.traceparent.clone());
     // The function's progress reports go back with the answer (a pool pod has no credential
     // for the gateway's internal API).
-    let progress = ProgressLog::start(None);
+    let progress = ProgressLog::new(None);
+    let reporter = progress.reporter();
     let call = PoolCall {
         id: &request.id,
         arguments: &request.arguments,
         timeout: Duration::from_millis(request.timeout_ms),
         traceparent: traceparent.as_deref(),
-        progress: Some(progress.sender()),
+        progress: Some(&reporter),
     };
     let called = server.pool.call(call).instrument(span).await;
-    let progress = progress.finish().await;
+    let progress = progress.events();
     let output = match called {
         Ok(output) => output,
         Err(refused @ (Refused::Busy | Refused::Closed)) => {
