@@ -202,9 +202,10 @@ async fn progress_and_call_events(platform: &mut Platform) {
     assert_eq!(steps.len(), 2);
     let s3 = env.s3();
     let storage = toolyard_tests::s3::client(&s3, &s3.access_key, &s3.secret_key);
+    let owner = steps[0].spec.owner.key();
     for call in steps {
         let id = call.metadata.name.clone().expect("name");
-        let prefix = format!("owners/{}/calls/{id}/events/", call.spec.owner.key());
+        let prefix = format!("owners/{owner}/calls/{id}/events/");
         let read_log = || async {
             let listed = storage.list_objects_v2().bucket(&s3.bucket).prefix(&prefix).send().await?;
             let mut keys: Vec<String> = listed.contents().iter().filter_map(|o| o.key().map(str::to_owned)).collect();

@@ -75,12 +75,14 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
     let echo = start_pool(&derived("echo-pool"), "echo").await;
     let noisy = start_pool(&derived("noisy-pool"), "noisy").await;
     let fail = start_pool(&derived("fail-pool"), "fail").await;
+    let steps = start_pool(&derived("steps-pool"), "steps").await;
     // A pool holding some other pool's key: the gateway's token must not be accepted there.
     let stranger = start_pool(&derived("someone-else"), "echo").await;
     for (object, name, props, required, pool) in [
         ("echo-pool", "echo_pool", json!({"value": {}}), vec!["value"], &echo),
         ("noisy-pool", "noisy_pool", json!({"n": {"type": "integer"}}), vec!["n"], &noisy),
         ("fail-pool", "fail_pool", json!({"message": {"type": "string"}}), vec!["message"], &fail),
+        ("steps-pool", "steps_pool", json!({"n": {"type": "integer"}, "pause": {"type": "number"}}), vec!["n"], &steps),
         ("wrong-key", "wrong_key", json!({"value": {}}), vec!["value"], &stranger),
     ] {
         create_tool(&ns, object, pool_spec(name, props, &required), true).await;
@@ -161,5 +163,36 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
         serde_json::from_slice(&gw.store.get(&owner, &format!("calls/{id}/result.json")).await.unwrap().unwrap())
             .unwrap();
     assert_eq!(result.value, Some(json!({"n": 3})));
+
+    // A function's progress in a warm pool: the pool returns the reports with the answer (it
+    // holds no credential for the internal API) and the gateway keeps them in the call's log,
+    // between its accepted, started and finished events.
+    let r = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("steps_pool").with_arguments(args(json!({"n": 2, "pause": 0.2}))),
+        )
+        .await
+        .expect("steps");
+    assert_eq!(r.structured_content, Some(json!({"n": 2})), "{}", text_of(&r));
+    let segment = |files: &[String]| {
+        files.iter().find(|p| p.starts_with("calls/steps-pool-") && p.ends_with("/events/000001.jsonl")).cloned()
+    };
+    toolyard_tests::wait_until(std::time::Duration::from_secs(10), "the pool call's events", || async {
+        Ok(segment(&list().await?).is_some())
+    })
+    .await
+    .expect("recorded");
+    let path = segment(&list().await.expect("list")).expect("the events segment");
+    let log = gw.store.get(&owner, &path).await.expect("get").expect("events");
+    let events: Vec<Value> =
+        String::from_utf8_lossy(&log).lines().map(|l| serde_json::from_str(l).expect("an event")).collect();
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(
+        types,
+        ["call_accepted", "call_started", "call_progress", "call_progress", "call_finished"],
+        "{events:?}"
+    );
+    assert_eq!(events[3]["data"], json!({"fraction": 1.0, "message": "step 2 of 2"}));
+    assert_eq!(events[0]["data"], json!({"tool": "steps_pool", "mode": "Pool"}));
     client.cancel().await.ok();
 }
