@@ -127,6 +127,28 @@ pub async fn poll_progress(
     Ok(())
 }
 
+/// Runs a Job-mode call with `run`: while it runs, the caller gets the progress reports that
+/// reach `hub` for it (when it asked for them); once it has a result, `records` appends its
+/// `call_finished` event.
+pub async fn run_job_call<F>(
+    hub: &Arc<ProgressHub>,
+    records: &super::pool::CallRecords,
+    request: CallRequest,
+    run: impl FnOnce(CallRequest) -> F,
+) -> crate::Result<CallResult>
+where
+    F: Future<Output = crate::Result<CallResult>>,
+{
+    let owner = request.caller.owner_key();
+    let id = request.id.to_string();
+    let _waiting = request.progress.clone().map(|sender| hub.wait(&owner, &id, sender));
+    let result = run(request).await;
+    if let Ok(result) = &result {
+        records.finished(owner, id, result).await;
+    }
+    result
+}
+
 /// Callers in this process waiting for calls' progress, by owner and call id.
 #[derive(Debug, Default)]
 pub struct ProgressHub {

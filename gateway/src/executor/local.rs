@@ -232,14 +232,7 @@ impl LocalExecutor {
     /// A Job-mode call: its runner reports progress through the internal API, which passes it
     /// on to the caller through [`ProgressHub`]; `call_finished` closes its log.
     async fn call_job(&self, request: CallRequest) -> Result<CallResult> {
-        let owner = request.caller.owner_key();
-        let id = request.id.to_string();
-        let _waiting = request.progress.clone().map(|sender| self.progress.wait(&owner, &id, sender));
-        let result = self.run_job(request).await;
-        if let Ok(result) = &result {
-            self.records.finished(owner, id, result).await;
-        }
-        result
+        events::run_job_call(&self.progress, &self.records, request, |request| self.run_job(request)).await
     }
 
     async fn run_job(&self, request: CallRequest) -> Result<CallResult> {
