@@ -40,10 +40,10 @@ fn event(time: jiff::Timestamp, type_: &str, data: Value) -> Event {
     Event { time: time.to_string(), type_: type_.to_owned(), data }
 }
 
-/// `call_accepted` of `request`, at `time`.
-pub fn accepted(request: &CallRequest, time: jiff::Timestamp) -> Event {
+/// `call_accepted` of `request`, at the time the gateway admitted it.
+pub fn accepted(request: &CallRequest) -> Event {
     let mode = serde_json::to_value(request.tool.spec.execution.mode).unwrap_or(Value::Null);
-    event(time, call_event::ACCEPTED, json!({"tool": request.tool.name(), "mode": mode}))
+    event(request.accepted_at, call_event::ACCEPTED, json!({"tool": request.tool.name(), "mode": mode}))
 }
 
 /// `call_started` at `time`.
@@ -74,16 +74,11 @@ pub async fn store_start(
     input: bytes::Bytes,
 ) -> crate::Result<()> {
     let id = request.id.as_str();
-    let log = events::segment(&[accepted(request, request.accepted_at)]);
+    let log = events::segment(&[accepted(request)]);
     let (input_path, log_path) =
         (super::pool::call_file(id, toolyard_api::storage::CallFile::Input), segment_path(id, 1));
     tokio::try_join!(store.put(owner, &input_path, input), store.put(owner, &log_path, log))?;
     Ok(())
-}
-
-/// `events` as one segment of a log.
-pub fn segment_events(events: &[Event]) -> bytes::Bytes {
-    events::segment(events)
 }
 
 /// The whole log of a pool call that ended with `result`, now: accepted, started (now less
@@ -93,7 +88,7 @@ pub fn pool_log(request: &CallRequest, progress: Vec<Event>, result: &CallResult
     let now = jiff::Timestamp::now();
     let ran = jiff::SignedDuration::from_millis(i64::try_from(result.duration_ms).unwrap_or(i64::MAX));
     let started_at = now.checked_sub(ran).unwrap_or(now).max(request.accepted_at);
-    let mut log = vec![accepted(request, request.accepted_at), started(started_at)];
+    let mut log = vec![accepted(request), started(started_at)];
     log.extend(progress.into_iter().filter(|e| e.type_ == call_event::PROGRESS));
     log.push(finished(result));
     log

@@ -131,7 +131,7 @@ impl CallRecords {
 async fn write_record(store: &dyn ArtifactStore, record: CallRecord) {
     let CallRecord { owner, id, input, result, stdout, stderr, events } = record;
     let mut files = vec![(CallFile::Input, input), (CallFile::Result, result)];
-    let log = (!events.is_empty()).then(|| (events::segment_path(&id, 1), events::segment_events(&events)));
+    let log = (!events.is_empty()).then(|| (events::segment_path(&id, 1), crate::store::events::segment(&events)));
     if let Some(out) = stdout.filter(|s| !s.is_empty()) {
         files.push((CallFile::Stdout, out.into_bytes()));
     }
