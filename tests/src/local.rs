@@ -47,6 +47,39 @@ pub fn misbehaving_pythonpath() -> String {
     format!("{}:{}", repo_path("worker-image/python").display(), repo_path("tests/fixtures/misbehaving").display())
 }
 
+/// What one run of the `toolyard` command printed.
+#[derive(Debug)]
+pub struct CliRun {
+    /// The exit code.
+    pub code: i32,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs the `toolyard` command with `args`, given the URL and the token the way the README
+/// says (`TOOLYARD_URL`, `TOOLYARD_TOKEN`), with no other `TOOLYARD_*` variable of this
+/// process. Fails the test after two minutes.
+pub async fn toolyard(url: &str, token: &str, args: &[&str]) -> CliRun {
+    let mut command = tokio::process::Command::new(binary("toolyard"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TOOLYARD_") && name != "TOOLYARD_TEST_PYTHON" {
+            command.env_remove(name);
+        }
+    }
+    command.args(args).env("TOOLYARD_URL", url).env("TOOLYARD_TOKEN", token).kill_on_drop(true);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(120), command.output())
+        .await
+        .unwrap_or_else(|_| panic!("toolyard {args:?} did not finish in 2 minutes"))
+        .expect("the toolyard binary runs");
+    CliRun {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 /// A temporary folder under the system's temp dir, removed when dropped.
 #[derive(Debug)]
 pub struct TempDir(PathBuf);
