@@ -34,11 +34,11 @@ ARG S3S_VERSION
 WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p toolyard-gateway -p toolyard-controller \
+    cargo build --release --locked -p toolyard-gateway -p toolyard-controller -p toolyard-cli \
  && RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --release --locked -p toolyard-runner --target x86_64-unknown-linux-gnu \
  && mkdir -p /out/data/toolyard \
- && cp target/release/toolyard-gateway target/release/toolyard-controller /out/ \
+ && cp target/release/toolyard-gateway target/release/toolyard-controller target/release/toolyard /out/ \
  && cp target/x86_64-unknown-linux-gnu/release/toolyard-runner /out/
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo install s3s-fs --version "${S3S_VERSION}" --features binary --locked --root /s3s \
@@ -58,6 +58,8 @@ LABEL org.opencontainers.image.title="toolyard-gateway" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=binaries /out/toolyard-gateway /usr/local/bin/toolyard-gateway
+# The `toolyard` command (check, test, call), e.g. `kubectl exec deploy/toolyard-gateway -- toolyard --help`.
+COPY --from=binaries /out/toolyard /usr/local/bin/toolyard
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/toolyard-gateway"]
 CMD ["serve"]

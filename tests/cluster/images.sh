@@ -46,7 +46,7 @@ done
 for b in pause coredns s3s-fs; do
   [[ -x $BIN/$b ]] || die "$BIN/$b is missing: run tests/cluster/build.sh"
 done
-for b in toolyard-gateway toolyard-controller; do
+for b in toolyard-gateway toolyard-controller toolyard; do
   [[ -x $TARGET/debug/$b ]] || die "$TARGET/debug/$b is missing: run 'cargo build --workspace --bins' first"
 done
 mkdir -p "$IMAGES"
@@ -148,7 +148,7 @@ RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet -p toolyard-runner
 STAGE=$ROOT/.toolyard/image-bin
 rm -rf "$STAGE"; mkdir -p "$STAGE/data/toolyard"
 # Without debug information: the images hold what a release would run.
-for b in "$TARGET/debug/toolyard-gateway" "$TARGET/debug/toolyard-controller" \
+for b in "$TARGET/debug/toolyard-gateway" "$TARGET/debug/toolyard-controller" "$TARGET/debug/toolyard" \
          "$TARGET/x86_64-unknown-linux-gnu/debug/toolyard-runner" "$BIN/s3s-fs"; do
   objcopy --strip-debug "$b" "$STAGE/$(basename "$b")"
 done

@@ -62,13 +62,23 @@ pub struct CliRun {
 /// says (`TOOLYARD_URL`, `TOOLYARD_TOKEN`), with no other `TOOLYARD_*` variable of this
 /// process. Fails the test after two minutes.
 pub async fn toolyard(url: &str, token: &str, args: &[&str]) -> CliRun {
+    toolyard_with(url, token, args, &[]).await
+}
+
+/// [`toolyard`] with more variables (e.g. `KUBECONFIG`).
+pub async fn toolyard_with(url: &str, token: &str, args: &[&str], vars: &[(&str, &std::ffi::OsStr)]) -> CliRun {
     let mut command = tokio::process::Command::new(binary("toolyard"));
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("TOOLYARD_") && name != "TOOLYARD_TEST_PYTHON" {
             command.env_remove(name);
         }
     }
-    command.args(args).env("TOOLYARD_URL", url).env("TOOLYARD_TOKEN", token).kill_on_drop(true);
+    command
+        .args(args)
+        .env("TOOLYARD_URL", url)
+        .env("TOOLYARD_TOKEN", token)
+        .envs(vars.iter().copied())
+        .kill_on_drop(true);
     let out = tokio::time::timeout(std::time::Duration::from_secs(120), command.output())
         .await
         .unwrap_or_else(|_| panic!("toolyard {args:?} did not finish in 2 minutes"))

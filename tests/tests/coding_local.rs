@@ -15,7 +15,7 @@ use rmcp::model::{
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::local::{self, TempDir, toolyard};
 use toolyard_tests::model_server::{Gate, Reply, ScriptedModel, Turn, wait_for_requests};
 use toolyard_tests::repo_path;
 
@@ -171,6 +171,50 @@ async fn pricing_task_computes_saves_and_reads_back_its_scenarios_on_the_embedde
     let found = ok(&call(&client, "tool_search", json!({"query": "greeks"})).await);
     assert_eq!(found["tools"].as_array().map(|t| t.len()), Some(1), "{found}");
     assert_eq!(found["tools"][0]["name"], "calc_greeks");
+
+    // The `toolyard` command: the task in the list, its result, its files, one fetched.
+    let task = result["task_id"].as_str().expect("task id");
+    let listed = toolyard(&gateway.url, TOKEN, &["tasks"]).await;
+    assert_eq!(listed.code, 0, "{listed:?}");
+    assert!(listed.stdout.lines().any(|l| l.starts_with(task) && l.contains("success")), "{}", listed.stdout);
+    let shown = toolyard(&gateway.url, TOKEN, &["tasks", task]).await;
+    assert_eq!(shown.code, 0, "{shown:?}");
+    assert!(
+        shown.stdout.contains("status:  success") && shown.stdout.contains("artifact: scenarios.csv"),
+        "{}",
+        shown.stdout
+    );
+    let files = toolyard(&gateway.url, TOKEN, &["artifacts", task]).await;
+    assert!(files.stdout.lines().any(|l| l.starts_with("scenarios.csv ")), "{}", files.stdout);
+    assert!(files.stdout.lines().any(|l| l.starts_with("result.json ")), "{}", files.stdout);
+    let csv = data.path().with_extension("scenarios.csv");
+    let fetched =
+        toolyard(&gateway.url, TOKEN, &["artifacts", task, "scenarios.csv", "-o", csv.to_str().unwrap()]).await;
+    assert_eq!(fetched.code, 0, "{fetched:?}");
+    let rows = coding_support::parse_scenarios(&std::fs::read_to_string(&csv).expect("the fetched file"));
+    let _ = std::fs::remove_file(&csv);
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    let unknown = toolyard(&gateway.url, TOKEN, &["tasks", "no-such-task"]).await;
+    assert_ne!(unknown.code, 0, "{unknown:?}");
+
+    // A suite step replays the same task against the scripted model.
+    model.set_script(coding_support::pricing_turns());
+    let suite = data.path().with_extension("suite.yaml");
+    let task_text = serde_json::to_string(coding_support::PRICING_TASK).expect("JSON is YAML");
+    std::fs::write(
+        &suite,
+        format!(
+            "tests:\n  - name: the pricing task\n    codingTask: {{task: {task_text}, tools: [price_option, calc_greeks]}}\n    \
+             expect:\n      values:\n        - {{path: '$.artifacts[0].name', equals: scenarios.csv}}\n        \
+             - {{path: $.status, equals: success}}\n"
+        ),
+    )
+    .expect("suite");
+    let run = toolyard(&gateway.url, TOKEN, &["test", suite.to_str().unwrap()]).await;
+    let _ = std::fs::remove_file(&suite);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("PASS  the pricing task"), "{}", run.stdout);
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
     gateway.stop().await;
 }
 

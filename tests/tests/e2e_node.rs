@@ -393,6 +393,7 @@ async fn scenario(install: &mut Install) {
 
     traces(install).await;
     progress(install);
+    cli(install).await;
     hardening(install).await;
     missing_image(install).await;
     cancellation_kills_the_pod(install).await;
@@ -469,6 +470,113 @@ fn progress(install: &Install) {
         assert_eq!(report[2], format!("step {step} of 3"), "{reports:?}");
     }
     eprintln!("progress from a Job pod on the node: {}", Value::Array(reports.clone()));
+}
+
+/// The `toolyard` command against this install: the pricing suite passes over HTTPS; `check`
+/// passes every line (the chart's certificate, the token, both handshakes, the tools, the
+/// CRDs, the leading controller, the gateway and its storage, RBAC by
+/// SelfSubjectAccessReview); an identity with no RoleBinding gets warnings that say which
+/// binding is missing; with the controller scaled to zero its line fails, with what to run.
+/// The gateway's image carries the command.
+async fn cli(install: &Install) {
+    use toolyard_tests::local::toolyard_with;
+    let url = format!("{}/mcp", install.base);
+    let ca = install.ca_file.to_str().expect("utf-8");
+    let kubeconfig = TestEnv::get().kubeconfig(User::Admin);
+    let vars = [("KUBECONFIG", kubeconfig.as_os_str())];
+    let suite = repo_path("examples/pricing/tests/suite.yaml");
+    let run =
+        toolyard_with(&url, &install.token, &["test", suite.to_str().expect("utf-8"), "--ca-file", ca], &vars).await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("pricing: 9 passed, 0 failed"), "{}", run.stdout);
+
+    let check = ["check", "--kube", "--namespace", &install.ns, "--ca-file", ca];
+    let run = toolyard_with(&url, &install.token, &check, &vars).await;
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let status = |run: &toolyard_tests::local::CliRun, name: &str| {
+        let line = run.stdout.lines().find(|l| l.get(6..).is_some_and(|r| r.split_whitespace().next() == Some(name)));
+        line.unwrap_or_else(|| panic!("no {name} line:\n{}", run.stdout)).to_owned()
+    };
+    for name in [
+        "crd.McpTool",
+        "crd.ToolCall",
+        "crd.CodingTask",
+        "controller",
+        "gateway",
+        "storage",
+        "access",
+        "gateway.tls",
+        "gateway.token",
+        "mcp.2025-11-25",
+        "mcp.2026-07-28",
+        "tools",
+    ] {
+        assert!(status(&run, name).starts_with("PASS"), "{name}:\n{}", run.stdout);
+    }
+    assert!(status(&run, "controller").contains("leads (Lease renewed"), "{}", run.stdout);
+    assert!(status(&run, "access").contains("price_option"), "{}", run.stdout);
+    assert!(status(&run, "gateway.tls").contains("valid until"), "{}", run.stdout);
+    eprintln!("toolyard check on the node:\n{}", run.stdout);
+
+    // Without the CA the TLS line fails and says to pass it.
+    let run = toolyard_with(&url, &install.token, &["check"], &vars).await;
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(status(&run, "gateway.tls").starts_with("FAIL") && run.stdout.contains("--ca-file"), "{}", run.stdout);
+
+    // An identity nobody bound: authenticated, allowed nothing, told what to bind.
+    kubectl(&["-n", &install.team, "create", "serviceaccount", "nobody"]);
+    let nobody =
+        kubectl(&["-n", &install.team, "create", "token", "nobody", "--audience", "toolyard"]).trim().to_owned();
+    let run = toolyard_with(&url, &nobody, &check, &vars).await;
+    assert!(status(&run, "gateway.token").starts_with("PASS"), "{}", run.stdout);
+    for name in ["tools", "access"] {
+        let line = status(&run, name);
+        assert!(line.starts_with("WARN"), "{name}:\n{}", run.stdout);
+    }
+    assert!(run.stdout.contains("toolyard-tool-caller"), "{}", run.stdout);
+
+    // No controller: its line fails with what to look at; back to two replicas after.
+    let controller = format!("deployment/{}-controller", install.release);
+    kubectl(&["-n", &install.ns, "scale", &controller, "--replicas=0"]);
+    kubectl(&[
+        "-n",
+        &install.ns,
+        "wait",
+        "--for=delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/component=controller",
+        "--timeout=120s",
+    ]);
+    let run = toolyard_with(&url, &install.token, &check, &vars).await;
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let line = status(&run, "controller");
+    assert!(line.starts_with("FAIL") && line.contains("no ready replica"), "{}", run.stdout);
+    assert!(run.stdout.contains(&format!("logs {controller}")), "{}", run.stdout);
+    kubectl(&["-n", &install.ns, "scale", &controller, "--replicas=2"]);
+    kubectl(&["-n", &install.ns, "rollout", "status", &controller, "--timeout=180s"]);
+    // The Lease names a running pod again (not one of the replicas scaled away).
+    let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, &install.ns);
+    wait_until(Duration::from_secs(120), "a controller leads again", || async {
+        Ok(match install.lease_holder().await.filter(|h| !h.is_empty()) {
+            Some(holder) => pods.get_opt(&holder).await?.is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+            None => false,
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+
+    // The release image carries the command.
+    let version = kubectl(&[
+        "-n",
+        &install.ns,
+        "exec",
+        &format!("deployment/{}-gateway", install.release),
+        "--",
+        "toolyard",
+        "--version",
+    ]);
+    assert!(version.starts_with("toolyard 0."), "{version}");
 }
 
 /// The hardening of run pods, as the function sees it from inside its container.
