@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the gateway and the runner, then starts Toolyard's embedded local mode: the tools of
+# Builds the gateway, the runner and the `toolyard` command, then starts Toolyard's embedded local mode: the tools of
 # a folder of McpTool manifests served on http://127.0.0.1:8787/mcp, calls run as local processes.
 #
 # Usage: scripts/local.sh [DIR] [FLAGS...]     DIR defaults to examples/pricing
@@ -18,7 +18,7 @@ if [[ $# -gt 0 && $1 != -* ]]; then
   shift
 fi
 
-cargo build --quiet --manifest-path "$ROOT/Cargo.toml" -p toolyard-gateway -p toolyard-runner "${build_flags[@]}"
+cargo build --quiet --manifest-path "$ROOT/Cargo.toml" -p toolyard-gateway -p toolyard-runner -p toolyard-cli "${build_flags[@]}"
 # Bytecode for the bundled package and the examples (what `pip install` does for an installed
 # package): with PYTHONDONTWRITEBYTECODE set, every call would compile them again.
 python3 -m compileall -q "$ROOT/worker-image/python/toolyard" "$ROOT/examples" >/dev/null || true

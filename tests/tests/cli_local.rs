@@ -246,3 +246,13 @@ async fn check_passes_the_example_and_names_each_broken_part() {
     assert!(manifests.starts_with("FAIL") && manifests.contains("spec.execution.timeoutSeconds"), "{}", run.stdout);
     gw.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn every_binary_says_its_version() {
+    for name in ["toolyard", "toolyard-gateway", "toolyard-controller", "toolyard-runner", "crdgen"] {
+        let out = tokio::process::Command::new(local::binary(name)).arg("--version").output().await.expect(name);
+        assert!(out.status.success(), "{name}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.trim(), format!("{name} {}", env!("CARGO_PKG_VERSION")), "{name}");
+    }
+}

@@ -535,6 +535,27 @@ async fn cli(install: &Install) {
     }
     assert!(run.stdout.contains("toolyard-tool-caller"), "{}", run.stdout);
 
+    // No storage: the development S3 server scaled away. The gateway stops being ready and
+    // the storage line says why, from the gateway's own log.
+    kubectl(&["-n", &install.ns, "scale", "deployment/toolyard-s3", "--replicas=0"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let run = loop {
+        let run = toolyard_with(&url, &install.token, &check, &vars).await;
+        if status(&run, "storage").starts_with("FAIL") || Instant::now() > deadline {
+            break run;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    };
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let storage = status(&run, "storage");
+    assert!(storage.starts_with("FAIL") && storage.contains("storage health check failed"), "{}", run.stdout);
+    assert!(status(&run, "gateway").starts_with("FAIL"), "{}", run.stdout);
+    assert!(run.stdout.contains("gateway.storage.s3"), "{}", run.stdout);
+    kubectl(&["-n", &install.ns, "scale", "deployment/toolyard-s3", "--replicas=1"]);
+    kubectl(&["-n", &install.ns, "rollout", "status", "deployment/toolyard-s3", "--timeout=120s"]);
+    let gateway = format!("deployment/{}-gateway", install.release);
+    kubectl(&["-n", &install.ns, "wait", "--for=condition=Available", &gateway, "--timeout=120s"]);
+
     // No controller: its line fails with what to look at; back to two replicas after.
     let controller = format!("deployment/{}-controller", install.release);
     kubectl(&["-n", &install.ns, "scale", &controller, "--replicas=0"]);

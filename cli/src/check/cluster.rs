@@ -10,7 +10,7 @@ use k8s_openapi::api::authorization::v1::{ResourceAttributes, SelfSubjectAccessR
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, LogParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use serde_json::Value;
 use toolyard_api::{CodingTask, McpTool, ToolCall};
@@ -205,14 +205,14 @@ async fn gateway(client: &Client, namespace: &str) -> (Line, Line) {
             Line::pass("storage", "reachable from every gateway replica (their readiness checks the bucket)"),
         );
     }
-    // Why not: the readiness probes' last failure says (storage, catalog, shutting down).
-    let reasons = probe_failures(client, namespace, deployment).await;
-    let storage_down = reasons.iter().find(|r| r.contains("storage"));
-    let storage = match storage_down {
-        Some(reason) => Line::fail(
+    // Why not: the readiness probes' last failures, and the gateway's own log line for a
+    // storage check that failed (the probe's event carries only the status code).
+    let (reasons, storage_error) = probe_failures(client, namespace, deployment).await;
+    let storage = match storage_error {
+        Some(line) => Line::fail(
             "storage",
-            format!("the gateway cannot use its bucket: {reason}"),
-            "check gateway.storage.s3 (endpoint, bucket, region) and the credentials Secret",
+            format!("the gateway cannot reach its bucket: {line}"),
+            "check gateway.storage.s3 (endpoint, bucket, region), the credentials Secret and that the S3 service answers",
         ),
         None => Line::skip("storage", "not known: no gateway replica reported on it"),
     };
@@ -225,28 +225,42 @@ async fn gateway(client: &Client, namespace: &str) -> (Line, Line) {
     (fail, storage)
 }
 
-/// The latest readiness-probe failure messages of the Deployment's pods.
-async fn probe_failures(client: &Client, namespace: &str, deployment: &Deployment) -> Vec<String> {
+/// The latest readiness-probe failure of each of the Deployment's pods that is not ready,
+/// and the last storage health failure in their logs.
+async fn probe_failures(client: &Client, namespace: &str, deployment: &Deployment) -> (Vec<String>, Option<String>) {
     let labels = deployment.spec.as_ref().and_then(|s| s.selector.match_labels.clone()).unwrap_or_default();
     let selector: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector.join(",")))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
+    let pods_api = Api::<Pod>::namespaced(client.clone(), namespace);
+    let pods =
+        pods_api.list(&ListParams::default().labels(&selector.join(","))).await.map(|l| l.items).unwrap_or_default();
     let events = Api::<Event>::namespaced(client.clone(), namespace);
     let mut reasons = Vec::new();
+    let mut storage = None;
     for pod in pods {
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready {
+            continue;
+        }
         let pod_name = pod.metadata.name.unwrap_or_default();
         let fields = format!("involvedObject.name={pod_name},reason=Unhealthy");
-        let Ok(list) = events.list(&ListParams::default().fields(&fields)).await else { continue };
-        if let Some(latest) = list.items.iter().max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
+        if let Ok(list) = events.list(&ListParams::default().fields(&fields)).await
+            && let Some(latest) = list.items.iter().max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
             && let Some(message) = &latest.message
         {
             reasons.push(format!("{pod_name}: {}", message.trim()));
         }
+        let tail = LogParams { tail_lines: Some(300), ..Default::default() };
+        if let Ok(log) = pods_api.logs(&pod_name, &tail).await
+            && let Some(line) = log.lines().rev().find(|l| l.contains("storage health check failed"))
+        {
+            storage.get_or_insert_with(|| format!("{pod_name}: {}", line.trim()));
+        }
     }
-    reasons
+    (reasons, storage)
 }
 
 /// The tools the token's identity may call, by the apiserver's SelfSubjectAccessReview.

@@ -5,8 +5,26 @@
 
 use std::path::PathBuf;
 
+const USAGE: &str = "usage: crdgen [DIR]   (without DIR: crds/ and the chart's crds/)";
+
 fn main() -> std::io::Result<()> {
-    let dirs = match std::env::args_os().nth(1) {
+    let arg = std::env::args_os().nth(1);
+    match arg.as_ref().and_then(|a| a.to_str()) {
+        Some("--version" | "-V") => {
+            println!("crdgen {}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+        Some("--help" | "-h") => {
+            println!("{USAGE}");
+            return Ok(());
+        }
+        Some(flag) if flag.starts_with('-') => {
+            eprintln!("crdgen: unknown option {flag}\n{USAGE}");
+            std::process::exit(2);
+        }
+        _ => {}
+    }
+    let dirs = match arg {
         Some(dir) => vec![PathBuf::from(dir)],
         None => {
             let crate_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
