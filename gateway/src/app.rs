@@ -4,6 +4,7 @@
 //! ```text
 //! /mcp                       all tools the caller may call
 //! /toolsets/{toolset}/mcp    the tools of one toolset
+//! /status                    what the caller's requests meet (authenticated; `toolyard check`)
 //! /healthz /readyz /metrics  ops (no authentication; /metrics only when configured)
 //! ```
 //!
@@ -40,6 +41,9 @@ pub const MCP_PATH: &str = "/mcp";
 /// Route template of a toolset endpoint.
 pub const TOOLSET_MCP_PATH: &str = "/toolsets/{toolset}/mcp";
 
+/// Route of the caller's status report.
+pub const STATUS_PATH: &str = "/status";
+
 /// What the MCP routes serve with.
 struct McpRoutes {
     state: Arc<AppState>,
@@ -69,8 +73,11 @@ pub fn app_with(
     let shared = Arc::new(state.clone());
     let routes =
         Arc::new(McpRoutes { state: shared.clone(), auth, service: mcp::service(state.clone(), stream_cancel) });
-    let mcp_router =
-        Router::new().route(MCP_PATH, any(mcp_all)).route(TOOLSET_MCP_PATH, any(mcp_toolset)).with_state(routes);
+    let mcp_router = Router::new()
+        .route(MCP_PATH, any(mcp_all))
+        .route(TOOLSET_MCP_PATH, any(mcp_toolset))
+        .route(STATUS_PATH, get(status))
+        .with_state(routes);
     let ops = if state.settings.metrics_on_public { ops_router(state.clone()) } else { health_router(state.clone()) };
     Router::new()
         .merge(mcp_router)
@@ -106,32 +113,57 @@ async fn mcp_toolset(State(routes): State<Arc<McpRoutes>>, Path(toolset): Path<S
 /// service for the request's scope; a scope of `None` (a toolset name that cannot exist)
 /// answers 404 once the caller is authenticated.
 async fn admit(routes: &McpRoutes, mut request: Request, scope: Option<Scope>) -> Response {
-    let state = &routes.state;
-    if let Some(refusal) = global_refusal(state, &request) {
-        return refusal;
-    }
-    let _permit = match state.limits.try_admit_http() {
-        Ok(p) => p,
-        Err(rejection) => {
-            state.metrics.admission_rejected(rejection);
-            return busy_response(state, StatusCode::SERVICE_UNAVAILABLE, "too many requests in flight");
-        }
-    };
-    let identity = match auth::authenticate(&routes.auth, &mut request).await {
-        Ok(identity) => identity,
+    let admitted = match admit_caller(routes, &mut request).await {
+        Ok(admitted) => admitted,
         Err(refusal) => return refusal,
     };
-    let _user_permit = match state.limits.try_admit_http_user(identity.owner_key().as_str()) {
+    let Some(scope) = scope else { return not_found().await };
+    request.extensions_mut().insert(admitted.identity);
+    request.extensions_mut().insert(scope);
+    forward(routes, request).await
+}
+
+/// An authenticated caller, holding its admission permits while its request runs.
+struct Admitted {
+    identity: crate::identity::Identity,
+    _permits: (crate::limits::HttpPermit, crate::limits::HttpPermit),
+}
+
+/// The steps every authenticated route takes before its own work (see the module docs).
+async fn admit_caller(routes: &McpRoutes, request: &mut Request) -> Result<Admitted, Response> {
+    let state = &routes.state;
+    if let Some(refusal) = global_refusal(state, request) {
+        return Err(refusal);
+    }
+    let permit = match state.limits.try_admit_http() {
         Ok(p) => p,
         Err(rejection) => {
             state.metrics.admission_rejected(rejection);
-            return busy_response(state, StatusCode::TOO_MANY_REQUESTS, "too many requests in flight for this user");
+            return Err(busy_response(state, StatusCode::SERVICE_UNAVAILABLE, "too many requests in flight"));
         }
     };
-    let Some(scope) = scope else { return not_found().await };
-    request.extensions_mut().insert(identity);
-    request.extensions_mut().insert(scope);
-    forward(routes, request).await
+    let identity = auth::authenticate(&routes.auth, request).await?;
+    let user_permit = match state.limits.try_admit_http_user(identity.owner_key().as_str()) {
+        Ok(p) => p,
+        Err(rejection) => {
+            state.metrics.admission_rejected(rejection);
+            return Err(busy_response(
+                state,
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many requests in flight for this user",
+            ));
+        }
+    };
+    Ok(Admitted { identity, _permits: (permit, user_permit) })
+}
+
+/// `GET /status`: [`crate::status::report`] for the authenticated caller.
+async fn status(State(routes): State<Arc<McpRoutes>>, mut request: Request) -> Response {
+    let admitted = match admit_caller(&routes, &mut request).await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal,
+    };
+    axum::Json(crate::status::report(&routes.state, &admitted.identity).await).into_response()
 }
 
 /// Hands a request to the MCP service. POST bodies are read here first (up to the cap, 413

@@ -71,7 +71,7 @@ pub fn assemble(
     }
     let state = AppState::new(catalog, executor, store.clone(), authorizer, settings)
         .with_tasks(tasks.clone())
-        .with_models(models.shared_profiles())
+        .with_models(models.clone())
         .with_metrics(metrics)
         .with_shutdown(tokens.app.clone());
     let task_api = TaskApi { backend: tasks, calls: state.calls.clone(), models };

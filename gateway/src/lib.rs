@@ -35,6 +35,7 @@ pub mod self_wake;
 pub mod serve;
 pub mod server;
 pub mod state;
+pub mod status;
 pub mod store;
 pub mod tasks;
 pub mod tls;

@@ -15,7 +15,7 @@ use crate::executor::Executor;
 use crate::limits::{LimitSettings, Limits};
 use crate::mcp::cancel::CancelRegistry;
 use crate::metrics::Metrics;
-use crate::model::ModelProfiles;
+use crate::model::ModelProxy;
 use crate::store::ArtifactStore;
 use crate::tasks::TaskBackend;
 
@@ -73,8 +73,8 @@ pub struct AppState {
     pub authorizer: Arc<dyn Authorizer>,
     /// Where coding tasks run (`None`: no task tools).
     pub tasks: Option<Arc<dyn TaskBackend>>,
-    /// The model profiles coding tasks may name.
-    pub models: Arc<ModelProfiles>,
+    /// The model profiles coding tasks may name, and the proxy to their endpoints.
+    pub models: Arc<ModelProxy>,
     /// Every tool call, from MCP clients and coding tasks, runs through this service; its
     /// access filter decides listings too.
     pub calls: Arc<Calls>,
@@ -115,7 +115,7 @@ impl AppState {
             store,
             authorizer,
             tasks: None,
-            models: Arc::new(ModelProfiles::none()),
+            models: Arc::new(ModelProxy::none()),
             cancels: Arc::new(CancelRegistry::default()),
             limits,
             metrics,
@@ -144,7 +144,7 @@ impl AppState {
     }
 
     /// The same state with these model profiles.
-    pub fn with_models(mut self, models: Arc<ModelProfiles>) -> Self {
+    pub fn with_models(mut self, models: Arc<ModelProxy>) -> Self {
         self.models = models;
         self
     }
@@ -173,7 +173,10 @@ impl AppState {
                 tracing::warn!(error = %e, "storage health check failed");
                 Err("storage not reachable".to_owned())
             }
-            Err(_) => Err("storage health check timed out".to_owned()),
+            Err(_) => {
+                tracing::warn!(timeout = ?self.settings.readiness_timeout, "storage health check timed out");
+                Err("storage health check timed out".to_owned())
+            }
         };
         self.health.set(result.clone());
         result

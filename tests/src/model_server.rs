@@ -139,7 +139,10 @@ impl ScriptedModel {
     pub async fn start_on(ip: std::net::IpAddr, api_key: &str, turns: Vec<Turn>) -> Self {
         let inner = Arc::new(Mutex::new(Inner { script: turns.into(), ..Default::default() }));
         let state = AppState { api_key: api_key.to_owned(), inner: inner.clone() };
-        let app = Router::new().route("/v1/chat/completions", post(chat)).with_state(state);
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .route("/v1/models", axum::routing::get(models))
+            .with_state(state);
         let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind model server");
         let addr = listener.local_addr().expect("addr");
         let stop = CancellationToken::new();
@@ -213,6 +216,17 @@ fn last_message_text(body: &Value) -> String {
         Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"),
         _ => String::new(),
     }
+}
+
+/// `GET /v1/models`, as OpenAI answers it: the one model, for the right key only (the
+/// gateway's reachability probe). Not counted in [`ScriptedModel::rejected`].
+async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let auth = headers.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or_default();
+    if auth != format!("Bearer {}", state.api_key) {
+        return (StatusCode::UNAUTHORIZED, axum::Json(json!({"error": {"message": "Incorrect API key provided"}})))
+            .into_response();
+    }
+    axum::Json(json!({"object": "list", "data": [{"id": "scripted-model", "object": "model"}]})).into_response()
 }
 
 async fn chat(State(state): State<AppState>, headers: HeaderMap, body: axum::body::Bytes) -> Response {

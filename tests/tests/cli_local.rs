@@ -193,6 +193,18 @@ async fn check_passes_the_example_and_names_each_broken_part() {
     ] {
         assert!(line(&run, check).starts_with("PASS"), "{check}: {}", run.stdout);
     }
+    // What `check` reads: `/status`, for an authenticated caller only, about itself.
+    let status_url = url.replace("/mcp", "/status");
+    assert_eq!(reqwest::get(&status_url).await.unwrap().status(), reqwest::StatusCode::UNAUTHORIZED);
+    let report: Value =
+        reqwest::Client::new().get(&status_url).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+    assert_eq!(report["identity"]["user"], "local", "{report}");
+    assert_eq!(report["storage"], serde_json::json!({"writable": true}), "{report}");
+    assert_eq!((report["codingTasks"].as_bool(), report["models"].as_array().map(Vec::len)), (Some(true), Some(0)));
+    let owners = std::fs::read_dir(data.path().join("owners")).unwrap().flatten().collect::<Vec<_>>();
+    assert_eq!(owners.len(), 1, "one owner folder");
+    assert!(owners[0].path().join("status/write-probe").is_file(), "the probe is under the caller's own prefix");
+
     // No model profile: a SKIP, and a FAIL when coding tasks are required.
     assert!(line(&run, "coding-tasks").starts_with("SKIP"), "{}", run.stdout);
     let run = toolyard(&url, TOKEN, &["check", "--require-agent", "--json"]).await;

@@ -197,6 +197,12 @@ async fn pricing_task_computes_saves_and_reads_back_its_scenarios_on_the_embedde
     let unknown = toolyard(&gateway.url, TOKEN, &["tasks", "no-such-task"]).await;
     assert_ne!(unknown.code, 0, "{unknown:?}");
 
+    // `check` sees the profile from the gateway, and the storage it writes.
+    let check = toolyard(&gateway.url, TOKEN, &["check", "--require-agent"]).await;
+    assert_eq!(check.code, 0, "{check:?}");
+    assert!(check.stdout.contains("default (reachable, HTTP 200)"), "{}", check.stdout);
+    assert!(check.stdout.lines().any(|l| l.starts_with("PASS  gateway.storage")), "{}", check.stdout);
+
     // A suite step replays the same task against the scripted model.
     model.set_script(coding_support::pricing_turns());
     let suite = data.path().with_extension("suite.yaml");
@@ -348,6 +354,13 @@ async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedd
     assert_eq!(result["status"], "failed", "{result}");
     let error = result["error"].as_str().unwrap_or_default();
     assert!(error.contains("the model endpoint of profile default is unreachable"), "{error}");
+    let check = toolyard(&gateway.url, TOKEN, &["check", "--require-agent"]).await;
+    assert_eq!(check.code, 1, "{check:?}");
+    assert!(
+        check.stdout.lines().any(|l| l.starts_with("FAIL  coding-tasks") && l.contains("default (unreachable")),
+        "{}",
+        check.stdout
+    );
     gateway.stop().await;
 
     // A wrong key: refused, not retried.
@@ -360,6 +373,15 @@ async fn model_endpoint_problems_and_missing_settings_are_reported_on_the_embedd
     assert_eq!(result["status"], "failed", "{result}");
     assert!(result["error"].as_str().unwrap_or_default().contains("refused the API key (401)"), "{result}");
     assert_eq!(model.rejected(), 1, "a refused key is not retried");
+    let check = toolyard(&gateway.url, TOKEN, &["check", "--require-agent"]).await;
+    assert!(
+        check
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("FAIL  coding-tasks") && l.contains("refuses the profile's key (HTTP 401)")),
+        "{}",
+        check.stdout
+    );
     gateway.stop().await;
 
     // Rate limited (429 with Retry-After), then a malformed answer: both retried, within budget.

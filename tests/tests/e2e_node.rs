@@ -516,6 +516,8 @@ async fn cli(install: &Install) {
     assert!(status(&run, "controller").contains("leads (Lease renewed"), "{}", run.stdout);
     assert!(status(&run, "access").contains("price_option"), "{}", run.stdout);
     assert!(status(&run, "gateway.tls").contains("valid until"), "{}", run.stdout);
+    // The gateway pod reaches the scripted model (on this host) with the profile's key.
+    assert!(status(&run, "coding-tasks").contains("(reachable, HTTP 200)"), "{}", run.stdout);
     eprintln!("toolyard check on the node:\n{}", run.stdout);
 
     // Without the CA the TLS line fails and says to pass it.
@@ -548,8 +550,9 @@ async fn cli(install: &Install) {
     };
     assert_eq!(run.code, 1, "{}", run.stdout);
     let storage = status(&run, "storage");
-    assert!(storage.starts_with("FAIL") && storage.contains("storage health check failed"), "{}", run.stdout);
+    assert!(storage.starts_with("FAIL") && storage.contains("storage health check"), "{}", run.stdout);
     assert!(status(&run, "gateway").starts_with("FAIL"), "{}", run.stdout);
+    assert!(status(&run, "gateway.storage").starts_with("FAIL"), "{}", run.stdout);
     assert!(run.stdout.contains("gateway.storage.s3"), "{}", run.stdout);
     kubectl(&["-n", &install.ns, "scale", "deployment/toolyard-s3", "--replicas=1"]);
     kubectl(&["-n", &install.ns, "rollout", "status", "deployment/toolyard-s3", "--timeout=120s"]);

@@ -255,7 +255,7 @@ async fn probe_failures(client: &Client, namespace: &str, deployment: &Deploymen
         }
         let tail = LogParams { tail_lines: Some(300), ..Default::default() };
         if let Ok(log) = pods_api.logs(&pod_name, &tail).await
-            && let Some(line) = log.lines().rev().find(|l| l.contains("storage health check failed"))
+            && let Some(line) = log.lines().rev().find(|l| l.contains("storage health check"))
         {
             storage.get_or_insert_with(|| format!("{pod_name}: {}", line.trim()));
         }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use rmcp::ClientLifecycleMode;
 use rmcp::model::ProtocolVersion;
+use serde_json::Value;
 
 use super::Line;
 use crate::connect::{Connection, error_chain};
@@ -110,46 +111,89 @@ pub async fn check(conn: &Connection, limit: Duration, require_agent: bool) -> V
                     format!("{} tool(s) this identity may call: {}", names.len(), names.join(", ")),
                 ));
             }
-            let agent = names.contains(&"run_coding_task");
-            lines.push(coding_tasks(&client, agent, require_agent, limit).await);
         }
     }
     let _ = client.cancel().await;
+    lines.extend(status(conn, &url, limit, require_agent).await);
     lines
 }
 
-/// Which model profiles the gateway has, asked without starting a task: `run_coding_task`
-/// with a profile name that cannot exist answers with the profiles there are (or that
-/// there are none).
-async fn coding_tasks(client: &crate::connect::Client, offered: bool, required: bool, limit: Duration) -> Line {
-    const CHECK: &str = "coding-tasks";
-    const FIX: &str = "configure a model profile on the gateway (chart value model.profiles; locally \
-                       TOOLYARD_MODEL_BASE_URL and TOOLYARD_MODEL) and allow this identity `create codingtasks`";
-    let missing = |detail: &str| if required { Line::fail(CHECK, detail, FIX) } else { Line::skip(CHECK, detail) };
-    if !offered {
-        return missing("run_coding_task is not offered to this identity");
-    }
-    let mut probe = serde_json::Map::new();
-    probe.insert("task".into(), "toolyard check: profile probe (never runs)".into());
-    probe.insert("model".into(), "toolyard-check-no-such-profile".into());
-    let answer = match crate::call::call_tool(client, "run_coding_task", probe, Some(limit)).await {
-        Ok(result) => crate::call::content_text(&result),
-        Err(e) => return Line::fail(CHECK, format!("{e:#}"), "see the gateway's log"),
+/// The lines from the gateway's `/status` report: storage writable as the gateway sees it,
+/// coding tasks allowed, each model profile reached from the gateway.
+async fn status(conn: &Connection, mcp_url: &reqwest::Url, limit: Duration, required: bool) -> Vec<Line> {
+    const AGENT_FIX: &str = "configure a model profile on the gateway (chart value model.profiles; locally \
+                             TOOLYARD_MODEL_BASE_URL and TOOLYARD_MODEL) and allow this identity `use` on it";
+    let missing = |detail: &str, fix: &str| {
+        if required {
+            Line::fail("coding-tasks", detail, fix)
+        } else {
+            Line::skip("coding-tasks", format!("{detail} (--require-agent makes this a FAIL)"))
+        }
     };
-    if let Some(list) = answer.split_once("(profiles: ").and_then(|(_, rest)| rest.strip_suffix(')')) {
-        return Line::pass(
-            CHECK,
-            format!("model profile(s): {list} (whether the gateway reaches them is not reported yet)"),
-        );
+    let mut url = mcp_url.clone();
+    url.set_path("/status");
+    let report = async {
+        let mut request = conn.http()?.get(url.clone()).timeout(limit);
+        if let Some(token) = conn.token()? {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let response = response.error_for_status()?;
+        anyhow::Ok(Some(response.json::<Value>().await?))
+    };
+    let report = match report.await {
+        Ok(Some(report)) => report,
+        Ok(None) => {
+            let skip = "not checked: the server has no /status (not a Toolyard gateway, or an older one)";
+            return vec![Line::skip("gateway.storage", skip), Line::skip("coding-tasks", skip)];
+        }
+        Err(e) => return vec![Line::fail("gateway.status", format!("GET {url}: {e:#}"), "see the gateway's log")],
+    };
+    let mut lines = Vec::new();
+    lines.push(match report.pointer("/storage/writable").and_then(Value::as_bool) {
+        Some(true) => Line::pass("gateway.storage", "the gateway writes and reads back this identity's storage"),
+        _ => Line::fail(
+            "gateway.storage",
+            format!(
+                "the gateway cannot write this identity's storage: {}",
+                report.pointer("/storage/error").and_then(Value::as_str).unwrap_or("no reason given")
+            ),
+            "check the gateway's storage settings (gateway.storage.s3.*), its credentials and that the bucket accepts writes",
+        ),
+    });
+    let models = report["models"].as_array().cloned().unwrap_or_default();
+    if report["codingTasks"].as_bool() != Some(true) {
+        lines.push(missing(
+            "this identity may not start coding tasks",
+            "bind the ClusterRole toolyard-task-runner to it (or `codingTasks: true` in the local policy)",
+        ));
+    } else if models.is_empty() {
+        lines.push(missing("the gateway has no model profile this identity may use", AGENT_FIX));
+    } else {
+        let describe = |m: &Value| {
+            let name = m["profile"].as_str().unwrap_or_default();
+            match (m["reachable"].as_bool(), m["error"].as_str()) {
+                (Some(true), _) => format!("{name} (reachable, HTTP {})", m["status"]),
+                (_, Some(error)) => format!("{name} ({error})"),
+                _ => format!("{name} (unknown)"),
+            }
+        };
+        let all: Vec<String> = models.iter().map(describe).collect();
+        let reachable = models.iter().filter(|m| m["reachable"].as_bool() == Some(true)).count();
+        let detail = format!("model profile(s) as the gateway reaches them: {}", all.join(", "));
+        let fix = "check the profile's baseUrl, its key Secret and the gateway's egress to the endpoint";
+        lines.push(if reachable == models.len() {
+            Line::pass("coding-tasks", detail)
+        } else if reachable == 0 && required {
+            Line::fail("coding-tasks", detail, fix)
+        } else {
+            Line::warn("coding-tasks", detail, fix)
+        });
     }
-    if answer.contains("no model profile") {
-        return missing("the gateway has no model profile: coding tasks are refused");
-    }
-    Line::warn(
-        CHECK,
-        format!("unexpected answer to the profile probe: {answer}"),
-        "compare the gateway's version with this binary's",
-    )
+    lines
 }
 
 /// The connection line: an HTTPS handshake with the trusted roots, then the leaf

@@ -193,7 +193,7 @@ impl TaskTools<'_> {
     ) -> Result<CallToolResponse, ErrorData> {
         let backend = self.backend()?;
         let requested = args.get("model").and_then(Value::as_str);
-        let profile = match self.state.models.resolve(requested) {
+        let profile = match self.state.models.profiles().resolve(requested) {
             Ok(p) => p.name.clone(),
             Err(e) => return Ok(error_result(e.to_string()).into()),
         };

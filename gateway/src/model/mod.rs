@@ -104,7 +104,27 @@ pub struct ModelProxy {
     settings: ProxySettings,
     http: reqwest::Client,
     metrics: ModelMetrics,
+    /// The last reachability probe of each profile, with its time.
+    probes: std::sync::Mutex<std::collections::HashMap<String, (Instant, Reach)>>,
 }
+
+/// Whether the gateway reaches a profile's endpoint (`GET {baseUrl}/models` with its key).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Reach {
+    /// The endpoint answered, and did not refuse the key.
+    pub reachable: bool,
+    /// Its HTTP status, when it answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// What went wrong.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How long a probe's answer is reused.
+const PROBE_TTL: Duration = Duration::from_secs(30);
+/// How long a probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for ModelProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -120,17 +140,60 @@ impl ModelProxy {
             .connect_timeout(Duration::from_secs(10))
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
-        Ok(Self { profiles, settings, http, metrics })
+        Ok(Self { profiles, settings, http, metrics, probes: Default::default() })
+    }
+
+    /// A proxy with no profile (a gateway without coding tasks).
+    pub fn none() -> Self {
+        Self {
+            profiles: Arc::new(ModelProfiles::none()),
+            settings: ProxySettings::default(),
+            http: reqwest::Client::default(),
+            metrics: ModelMetrics::new(),
+            probes: Default::default(),
+        }
+    }
+
+    /// Whether the gateway reaches `profile`'s endpoint: `GET {baseUrl}/models` with the
+    /// profile's key (an OpenAI-compatible listing; any answer but 401, 403 or a 5xx counts).
+    /// Answers are reused for 30 seconds, so a caller cannot make the gateway hammer an
+    /// endpoint.
+    pub async fn probe(&self, profile: &ModelProfile) -> Reach {
+        let cached = self.probes.lock().unwrap_or_else(|e| e.into_inner()).get(&profile.name).cloned();
+        if let Some((at, reach)) = cached
+            && at.elapsed() < PROBE_TTL
+        {
+            return reach;
+        }
+        let mut request = self.http.get(format!("{}/models", profile.base_url)).timeout(PROBE_TIMEOUT);
+        if let Some(key) = profile.api_key() {
+            request = request.bearer_auth(key);
+        }
+        let reach = match request.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let error = match status {
+                    401 | 403 => Some(format!("the endpoint refuses the profile's key (HTTP {status})")),
+                    500.. => Some(format!("the endpoint answers HTTP {status}")),
+                    _ => None,
+                };
+                Reach { reachable: error.is_none(), status: Some(status), error }
+            }
+            Err(e) => {
+                let why = if e.is_timeout() { "did not answer in time".to_owned() } else { without_url(&e) };
+                Reach { reachable: false, status: None, error: Some(format!("unreachable: {why}")) }
+            }
+        };
+        self.probes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(profile.name.clone(), (Instant::now(), reach.clone()));
+        reach
     }
 
     /// The profiles.
     pub fn profiles(&self) -> &ModelProfiles {
         &self.profiles
-    }
-
-    /// The profiles, shared.
-    pub fn shared_profiles(&self) -> Arc<ModelProfiles> {
-        self.profiles.clone()
     }
 
     /// Refuses a request that would go over a budget.
