@@ -520,6 +520,20 @@ async fn cli(install: &Install) {
     assert!(status(&run, "coding-tasks").contains("(reachable, HTTP 200)"), "{}", run.stdout);
     eprintln!("toolyard check on the node:\n{}", run.stdout);
 
+    // A kubeconfig whose user may not read CRDs (bob): the CRD lines fail and say what to allow.
+    let bob = TestEnv::get().kubeconfig(User::Bob);
+    let run = toolyard_with(&url, &install.token, &check, &[("KUBECONFIG", bob.as_os_str())]).await;
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    let crd = status(&run, "crd.McpTool");
+    assert!(crd.starts_with("FAIL") && crd.contains("forbidden"), "{}", run.stdout);
+    assert!(run.stdout.contains("allow this identity to get customresourcedefinitions"), "{}", run.stdout);
+
+    // A token the cluster never issued: the token line fails, the handshakes are skipped.
+    let run = toolyard_with(&url, "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln", &check, &vars).await;
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(status(&run, "gateway.token").starts_with("FAIL"), "{}", run.stdout);
+    assert!(status(&run, "mcp.2025-11-25").starts_with("SKIP"), "{}", run.stdout);
+
     // Without the CA the TLS line fails and says to pass it.
     let run = toolyard_with(&url, &install.token, &["check"], &vars).await;
     assert_eq!(run.code, 1, "{}", run.stdout);
