@@ -3,39 +3,17 @@
 //! malformed suites) and `check` (manifests, functions that drifted from their schemas, the
 //! gateway, a refused token).
 
-use std::path::PathBuf;
+mod local_support;
 
 use serde_json::Value;
-use toolyard_gateway::local::{LocalArgs, LocalGateway};
-use toolyard_gateway::logging::LogFormat;
+use toolyard_gateway::local::LocalGateway;
 use toolyard_tests::local::{self, CliRun, TempDir, toolyard};
 use toolyard_tests::repo_path;
 
 const TOKEN: &str = "ty_cli-local-test-token-0001";
 
 async fn gateway(dir: &str, data: &TempDir) -> LocalGateway {
-    let args = LocalArgs {
-        dir: repo_path(dir),
-        listen: "127.0.0.1:0".into(),
-        token: Some(TOKEN.into()),
-        token_file: None,
-        user: "local".into(),
-        data_dir: data.path().to_owned(),
-        policy: None,
-        runner: Some(local::binary("toolyard-runner")),
-        python: Some(PathBuf::from(local::python())),
-        max_calls: 8,
-        kill_grace: 0.5,
-        allowed_hosts: Vec::new(),
-        allowed_origins: Vec::new(),
-        metrics_listen: None,
-        body_read_timeout_seconds: 30,
-        log_format: LogFormat::Plain,
-        models: toolyard_gateway::model::ModelArgs::default(),
-    };
-    let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
-    gateway.pools.wait_started().await.expect("warm workers start");
-    gateway
+    local_support::start(dir, data, TOKEN, 8).await
 }
 
 fn assert_code(run: &CliRun, code: i32) {

@@ -4,6 +4,7 @@
 //! fixture tools.
 
 mod coding_support;
+mod local_support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,10 +17,8 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::{Value, json};
 use toolyard_api::OwnerKey;
 use toolyard_api::protocol::CallResult;
-use toolyard_gateway::local::{LocalArgs, LocalGateway};
-use toolyard_gateway::logging::LogFormat;
+use toolyard_gateway::local::LocalGateway;
 use toolyard_tests::local::{self, TempDir};
-use toolyard_tests::repo_path;
 
 const TOKEN: &str = "ty_local-e2e-test-token-0001";
 
@@ -32,27 +31,7 @@ struct Local {
 impl Local {
     async fn start(dir: &str) -> Self {
         let data = TempDir::new("local-e2e");
-        let args = LocalArgs {
-            dir: repo_path(dir),
-            listen: "127.0.0.1:0".into(),
-            token: Some(TOKEN.into()),
-            token_file: None,
-            user: "local".into(),
-            data_dir: data.path().to_owned(),
-            policy: None,
-            runner: Some(local::binary("toolyard-runner")),
-            python: Some(PathBuf::from(local::python())),
-            max_calls: 4,
-            kill_grace: 0.5,
-            allowed_hosts: Vec::new(),
-            allowed_origins: Vec::new(),
-            metrics_listen: None,
-            body_read_timeout_seconds: 30,
-            log_format: LogFormat::Plain,
-            models: toolyard_gateway::model::ModelArgs::default(),
-        };
-        let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
-        gateway.pools.wait_started().await.expect("warm workers start");
+        let gateway = local_support::start(dir, &data, TOKEN, 4).await;
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(gateway.mcp_url()).auth_header(TOKEN.to_owned()),
         );

@@ -1,0 +1,37 @@
+//! The embedded local mode in the test process: `toolyard_gateway::local::start` on loopback
+//! with the real runner binary and Python, for tests that drive it from outside.
+
+use std::path::PathBuf;
+
+use toolyard_gateway::local::{LocalArgs, LocalGateway};
+use toolyard_gateway::logging::LogFormat;
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::repo_path;
+
+/// Starts the local mode on the manifests of `dir` (relative to the repository), with its
+/// files in `data`, the fixed `token` for user `local`, at most `max_calls` Job-mode calls at
+/// once; returns once its warm workers have started.
+pub async fn start(dir: &str, data: &TempDir, token: &str, max_calls: usize) -> LocalGateway {
+    let args = LocalArgs {
+        dir: repo_path(dir),
+        listen: "127.0.0.1:0".into(),
+        token: Some(token.into()),
+        token_file: None,
+        user: "local".into(),
+        data_dir: data.path().to_owned(),
+        policy: None,
+        runner: Some(local::binary("toolyard-runner")),
+        python: Some(PathBuf::from(local::python())),
+        max_calls,
+        kill_grace: 0.5,
+        allowed_hosts: Vec::new(),
+        allowed_origins: Vec::new(),
+        metrics_listen: None,
+        body_read_timeout_seconds: 30,
+        log_format: LogFormat::Plain,
+        models: toolyard_gateway::model::ModelArgs::default(),
+    };
+    let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
+    gateway.pools.wait_started().await.expect("warm workers start");
+    gateway
+}
