@@ -8,7 +8,7 @@ use futures::StreamExt;
 use rmcp::model::{CallToolResult, Tool};
 use serde_json::{Map, Value, json};
 
-use super::{Expect, Planned, Test, ValueCheck};
+use super::{Expect, Planned, ValueCheck};
 use crate::call::content_text;
 use crate::connect::{Client, Connection, error_chain};
 
@@ -113,17 +113,18 @@ async fn run_test(client: &Client, planned: &Planned, suite_timeout: Option<u64>
         }
         (None, None) => return Err("nothing to run".into()),
     };
-    let Some(tool) = tools.iter().find(|t| t.name == name) else {
-        if test.expect.is_error == Some(true) || test.expect.error_contains.is_some() {
-            // An unknown tool is one way of answering an error; the call below shows which.
-            return one_call(client, None, name, &arguments, test, planned, suite_timeout, default_timeout).await;
-        }
+    let tool = tools.iter().find(|t| t.name == name);
+    let expects_error = test.expect.is_error == Some(true) || test.expect.error_contains.is_some();
+    if tool.is_none() && !expects_error {
         return Err(format!("the server lists no tool {name:?} for this identity"));
-    };
+    }
+    // An unknown tool is one way of answering an error; the call shows which.
+    let seconds = test.timeout.or(suite_timeout).unwrap_or(default_timeout);
+    let call = Call { client, tool, name, arguments: &arguments, planned, seconds };
     let copies = test.repeat.or(test.concurrency).unwrap_or(1);
     let at_once = test.concurrency.unwrap_or(1);
     let failures: Vec<String> = futures::stream::iter(0..copies)
-        .map(|_| one_call(client, Some(tool), name, &arguments, test, planned, suite_timeout, default_timeout))
+        .map(|_| call.once())
         .buffer_unordered(at_once)
         .filter_map(|r| async move { r.err() })
         .collect()
@@ -157,54 +158,63 @@ fn check_listing(listing: &super::Listing, tools: &[Tool]) -> Result<(), String>
     if problems.is_empty() { Ok(()) } else { Err(format!("tools/list {}", problems.join("; "))) }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn one_call(
-    client: &Client,
-    tool: Option<&Tool>,
-    name: &str,
-    arguments: &Map<String, Value>,
-    test: &Test,
-    planned: &Planned,
-    suite_timeout: Option<u64>,
-    default_timeout: u64,
-) -> Result<(), String> {
-    let seconds = test.timeout.or(suite_timeout).unwrap_or(default_timeout);
-    let answer = crate::call::call_tool(client, name, arguments.clone(), None);
-    let answer = match tokio::time::timeout(Duration::from_secs(seconds), answer).await {
-        Err(_) if test.expect.timeout => return Ok(()),
-        Err(_) => return Err(format!("no answer within {seconds} s")),
-        Ok(_) if test.expect.timeout => return Err(format!("answered within {seconds} s; a timeout was expected")),
-        Ok(answer) => answer,
-    };
-    let expect = &test.expect;
-    let wants_error = expect.is_error.unwrap_or(expect.error_contains.is_some());
-    let (failed, text, result) = match answer {
-        Ok(result) => (result.is_error == Some(true), content_text(&result), Some(result)),
-        // A JSON-RPC error (unknown tool, invalid arguments) is an error answer too.
-        Err(e) => (true, e.to_string(), None),
-    };
-    if failed != wants_error {
-        return Err(if failed { format!("answered an error: {text}") } else { format!("answered no error: {text}") });
-    }
-    if let Some(needle) = &expect.error_contains
-        && !text.contains(needle.as_str())
-    {
-        return Err(format!("the error does not contain {needle:?}: {text}"));
-    }
-    let Some(result) = result.filter(|_| !failed) else { return Ok(()) };
-    if test.contract != Some(false)
-        && let Some(schema) = tool.and_then(|t| t.output_schema.as_ref())
-    {
-        check_contract(&Value::Object((**schema).clone()), &result)?;
-    }
-    if test.coding_task.is_some() && expect.values.is_empty() {
-        // A coding task passes when it succeeds, unless the test checks its result itself.
-        let status = result.structured_content.as_ref().and_then(|s| s["status"].as_str()).unwrap_or("unknown");
-        if status != "success" {
-            return Err(format!("the task ended {status}: {text}"));
+/// One call of a test, as often as it says.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    client: &'a Client,
+    tool: Option<&'a Tool>,
+    name: &'a str,
+    arguments: &'a Map<String, Value>,
+    planned: &'a Planned,
+    /// Seconds to wait for an answer.
+    seconds: u64,
+}
+
+impl Call<'_> {
+    async fn once(&self) -> Result<(), String> {
+        let Self { client, tool, name, arguments, planned, seconds } = *self;
+        let test = &planned.test;
+        let answer = crate::call::call_tool(client, name, arguments.clone(), None);
+        let answer = match tokio::time::timeout(Duration::from_secs(seconds), answer).await {
+            Err(_) if test.expect.timeout => return Ok(()),
+            Err(_) => return Err(format!("no answer within {seconds} s")),
+            Ok(_) if test.expect.timeout => return Err(format!("answered within {seconds} s; a timeout was expected")),
+            Ok(answer) => answer,
+        };
+        let expect = &test.expect;
+        let wants_error = expect.is_error.unwrap_or(expect.error_contains.is_some());
+        let (failed, text, result) = match answer {
+            Ok(result) => (result.is_error == Some(true), content_text(&result), Some(result)),
+            // A JSON-RPC error (unknown tool, invalid arguments) is an error answer too.
+            Err(e) => (true, e.to_string(), None),
+        };
+        if failed != wants_error {
+            return Err(if failed {
+                format!("answered an error: {text}")
+            } else {
+                format!("answered no error: {text}")
+            });
         }
+        if let Some(needle) = &expect.error_contains
+            && !text.contains(needle.as_str())
+        {
+            return Err(format!("the error does not contain {needle:?}: {text}"));
+        }
+        let Some(result) = result.filter(|_| !failed) else { return Ok(()) };
+        if test.contract != Some(false)
+            && let Some(schema) = tool.and_then(|t| t.output_schema.as_ref())
+        {
+            check_contract(&Value::Object((**schema).clone()), &result)?;
+        }
+        if test.coding_task.is_some() && expect.values.is_empty() {
+            // A coding task passes when it succeeds, unless the test checks its result itself.
+            let status = result.structured_content.as_ref().and_then(|s| s["status"].as_str()).unwrap_or("unknown");
+            if status != "success" {
+                return Err(format!("the task ended {status}: {text}"));
+            }
+        }
+        check_values(expect, planned, &answer_document(&result, &text))
     }
-    check_values(expect, planned, &answer_document(&result, &text))
 }
 
 fn check_contract(schema: &Value, result: &CallToolResult) -> Result<(), String> {
