@@ -1,9 +1,12 @@
 //! Kubernetes token authentication by TokenReview against the real apiserver, made by a
-//! client (the gateway's user) that may only `create tokenreviews`.
+//! client (the gateway's user) that may only `create tokenreviews` and read the cluster's
+//! ServiceAccount keys (`/openid/v1/jwks`), with which JWTs are checked before any review.
 
 mod auth_support;
 
 use std::time::Duration;
+
+use base64::Engine;
 
 use auth_support::rbac;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -14,11 +17,17 @@ use toolyard_gateway::auth::{Authenticator, reason};
 use toolyard_tests::{TestEnv, User};
 
 async fn authenticator() -> TokenReviewAuthenticator {
+    authenticator_with(false).await
+}
+
+async fn authenticator_with(other_jwts: bool) -> TokenReviewAuthenticator {
     rbac::grant_gateway("toolyard-test-gateway-tokenreview", "authentication.k8s.io", "tokenreviews", "create").await;
+    rbac::grant_gateway_url("toolyard-test-gateway-jwks", "/openid/v1/jwks").await;
     // The test cluster's users hold static (opaque) tokens; ServiceAccount tokens are JWTs.
     let settings = TokenReviewSettings {
         positive_ttl: Duration::from_secs(300),
         opaque_tokens: true,
+        other_jwts,
         ..TokenReviewSettings::default()
     };
     TokenReviewAuthenticator::new(TestEnv::get().client(User::Gateway).await, settings)
@@ -109,4 +118,46 @@ async fn a_reviewer_without_permission_is_unavailable_not_an_identity() {
     assert_eq!(e.reason, reason::UNAVAILABLE);
     let _ = auth.authenticate(env.token(User::Alice)).await;
     assert_eq!(auth.reviews_sent(), 2, "failures are not cached");
+}
+
+#[tokio::test]
+async fn jwts_the_cluster_did_not_sign_never_reach_the_apiserver() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authsig").await.expect("namespace");
+    let auth = authenticator().await;
+    let real = service_account_token(&ns, "agent", "toolyard").await;
+    assert!(auth.authenticate(&real).await.expect("accepted").is_some());
+    let reviews = auth.reviews_sent();
+
+    // The real token's header and claims, re-signed with a key of our own under the cluster
+    // key's kid; the same with a kid the cluster never had; HS256 "signed" with garbage;
+    // `alg: none`; and a hundred made-up tokens: each refused here, none reviewed.
+    let part = |i: usize| -> serde_json::Value {
+        let segment = real.split('.').nth(i).expect("a JWT");
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(segment).expect("base64"))
+            .expect("JSON")
+    };
+    let (header, mut claims) = (part(0), part(1));
+    let cluster_kid = header["kid"].as_str().expect("a kid").to_owned();
+    let ours = auth_support::SigningKey::rsa("attacker");
+    let mut forged = vec![
+        ours.sign_as(&cluster_kid, &claims),
+        ours.sign(&claims),
+        auth_support::hs256(&cluster_kid, b"guess", &claims),
+        auth_support::unsigned(&cluster_kid, &claims),
+    ];
+    for i in 0..100 {
+        claims["sub"] = format!("system:serviceaccount:{ns}:made-up-{i}").into();
+        forged.push(ours.sign_as(&cluster_kid, &claims));
+    }
+    for token in &forged {
+        let refused = auth.authenticate(token).await.expect_err("refused");
+        assert_eq!(refused.reason, reason::INVALID, "{refused}");
+    }
+    assert_eq!(auth.reviews_sent(), reviews, "no forged token was sent to TokenReview");
+
+    // A cluster whose apiserver accepts other JWTs too: they are reviewed (and refused there).
+    let lenient = authenticator_with(true).await;
+    assert!(lenient.authenticate(&forged[0]).await.is_err());
+    assert_eq!(lenient.reviews_sent(), 1, "reviewed by the apiserver");
 }

@@ -9,7 +9,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -411,6 +413,22 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
         let allowed = answer.status.is_some_and(|s| s.allowed);
         assert_eq!(allowed, expected, "gateway {verb} {group}/{resource} {name} in {ns:?}");
     }
+
+    // It reads the cluster's ServiceAccount keys, to check a JWT's signature before a review.
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(gateway_user.clone()),
+            non_resource_attributes: Some(NonResourceAttributes {
+                path: Some("/openid/v1/jwks".into()),
+                verb: Some("get".into()),
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer =
+        Api::<SubjectAccessReview>::all(admin.clone()).create(&PostParams::default(), &review).await.expect("SAR");
+    assert!(answer.status.is_some_and(|s| s.allowed), "the gateway may get /openid/v1/jwks (without its groups)");
 
     let out = helm(env, &["uninstall", &release, "-n", &release_ns, "--kubeconfig", kubeconfig.to_str().unwrap()]);
     assert!(out.status.success(), "helm uninstall failed: {}", String::from_utf8_lossy(&out.stderr));

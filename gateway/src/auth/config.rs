@@ -87,6 +87,11 @@ pub struct AuthArgs {
     /// tokens, are reviewed; other tokens are refused without asking the apiserver.
     #[arg(long, env = "TOOLYARD_TOKENREVIEW_OPAQUE_TOKENS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub tokenreview_opaque_tokens: bool,
+    /// Also send JWTs that none of the cluster's ServiceAccount keys signed to TokenReview (an
+    /// apiserver that also accepts OIDC JWTs). Off: the gateway checks a JWT's signature with
+    /// the keys at /openid/v1/jwks first and refuses the others itself.
+    #[arg(long, env = "TOOLYARD_TOKENREVIEW_OTHER_JWTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub tokenreview_other_jwts: bool,
 
     /// Let requests without credentials in as --anonymous-user. Off by default; meant for loopback.
     #[arg(long, env = "TOOLYARD_ANONYMOUS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -209,6 +214,7 @@ impl AuthArgs {
                 audience: self.tokenreview_audience.clone(),
                 positive_ttl: Duration::from_secs(self.tokenreview_cache_seconds),
                 opaque_tokens: self.tokenreview_opaque_tokens,
+                other_jwts: self.tokenreview_other_jwts,
                 ..TokenReviewSettings::default()
             };
             authenticators.push(Arc::new(TokenReviewAuthenticator::new(client, settings)));

@@ -1,7 +1,8 @@
-//! OIDC discovery and the JWKS cache of one issuer.
+//! The JWKS cache of one issuer, and OIDC discovery of its keys.
 //!
+//! Keys come from a [`JwksSource`]: for an OIDC issuer, [`Discovered`]:
 //! `<issuer>/.well-known/openid-configuration` gives the `jwks_uri` (its `issuer` must equal
-//! the configured one exactly). Keys are cached for a TTL; a token whose `kid` is unknown
+//! the configured one exactly); the cluster's ServiceAccount keys come from the apiserver. Keys are cached for a TTL; a token whose `kid` is unknown
 //! triggers a refresh, at most once per `min_refresh_interval` so that tokens with random
 //! `kid`s cannot make the gateway hammer the identity provider. When a refresh fails the
 //! previous keys stay in use. Only RS256 (RSA, at least 2048 bits) and ES256 (P-256) keys
@@ -10,6 +11,7 @@
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use serde::Deserialize;
@@ -17,7 +19,14 @@ use serde::Deserialize;
 use super::{AuthError, reason};
 
 /// Largest discovery or JWKS document accepted.
-const MAX_DOCUMENT_BYTES: usize = 512 * 1024;
+pub const MAX_DOCUMENT_BYTES: usize = 512 * 1024;
+
+/// Where an issuer's current key set comes from.
+#[async_trait]
+pub trait JwksSource: Send + Sync {
+    /// Fetches the key set (the caller limits how often).
+    async fn fetch(&self) -> Result<JwkSet, String>;
+}
 
 /// Cache timing of one issuer's keys.
 #[derive(Clone, Copy, Debug)]
@@ -44,20 +53,14 @@ struct KeySet {
     fetched: Instant,
 }
 
-#[derive(Default)]
-struct RefreshState {
-    last_attempt: Option<Instant>,
-    jwks_uri: Option<String>,
-}
-
 /// Discovery and cached keys of one issuer.
 pub struct IssuerKeys {
     issuer: String,
-    configured_jwks_uri: Option<String>,
     timing: JwksTiming,
-    http: reqwest::Client,
+    source: Box<dyn JwksSource>,
     keys: RwLock<Option<Arc<KeySet>>>,
-    refresh: tokio::sync::Mutex<RefreshState>,
+    /// When keys were last fetched (or tried), serializing fetches.
+    last_attempt: tokio::sync::Mutex<Option<Instant>>,
 }
 
 #[derive(Deserialize)]
@@ -66,17 +69,26 @@ struct Discovery {
     jwks_uri: String,
 }
 
+/// An OIDC issuer's keys over HTTPS: `jwks_uri` when configured, else by discovery.
+pub struct Discovered {
+    issuer: String,
+    configured_jwks_uri: Option<String>,
+    http: reqwest::Client,
+    /// The discovered `jwks_uri`, until a fetch fails (it may have moved).
+    discovered: std::sync::Mutex<Option<String>>,
+}
+
 impl IssuerKeys {
     /// Keys of `issuer`, from `jwks_uri` when given, else by discovery.
     pub fn new(issuer: String, jwks_uri: Option<String>, timing: JwksTiming, http: reqwest::Client) -> Self {
-        Self {
-            issuer,
-            configured_jwks_uri: jwks_uri,
-            timing,
-            http,
-            keys: RwLock::new(None),
-            refresh: tokio::sync::Mutex::new(RefreshState::default()),
-        }
+        let source =
+            Discovered { issuer: issuer.clone(), configured_jwks_uri: jwks_uri, http, discovered: Default::default() };
+        Self::with_source(issuer, timing, Box::new(source))
+    }
+
+    /// Keys named `issuer` (in logs) from `source`.
+    pub fn with_source(issuer: String, timing: JwksTiming, source: Box<dyn JwksSource>) -> Self {
+        Self { issuer, timing, source, keys: RwLock::new(None), last_attempt: tokio::sync::Mutex::new(None) }
     }
 
     /// The key for a token with `kid` (or, without one, the issuer's only key for `alg`).
@@ -87,7 +99,7 @@ impl IssuerKeys {
         {
             return Ok(found);
         }
-        let mut state = self.refresh.lock().await;
+        let mut last_attempt = self.last_attempt.lock().await;
         // Someone else may have refreshed while this task waited for the lock.
         let current = self.current();
         let fresh = current.as_ref().is_some_and(|s| s.fetched.elapsed() < self.timing.ttl);
@@ -97,18 +109,16 @@ impl IssuerKeys {
         {
             return Ok(found);
         }
-        let may_fetch = state.last_attempt.is_none_or(|t| t.elapsed() >= self.timing.min_refresh_interval);
+        let may_fetch = last_attempt.is_none_or(|t| t.elapsed() >= self.timing.min_refresh_interval);
         if may_fetch {
-            state.last_attempt = Some(Instant::now());
-            match self.fetch(&mut state).await {
+            *last_attempt = Some(Instant::now());
+            match self.source.fetch().await.map(|set| usable_keys(&set)) {
                 Ok(keys) => {
                     tracing::info!(issuer = %self.issuer, keys = keys.len(), "JWKS fetched");
                     let set = Arc::new(KeySet { keys, fetched: Instant::now() });
                     *self.keys.write().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(set);
                 }
                 Err(e) => {
-                    // Discover again next time: the jwks_uri may have moved.
-                    state.jwks_uri = None;
                     tracing::warn!(issuer = %self.issuer, error = %e, "JWKS fetch failed; keeping cached keys");
                     if current.is_none() {
                         return Err(AuthError::new(
@@ -119,7 +129,7 @@ impl IssuerKeys {
                 }
             }
         }
-        drop(state);
+        drop(last_attempt);
         match self.current() {
             Some(set) => lookup(&set, kid, alg)?.ok_or_else(|| {
                 AuthError::new(reason::UNKNOWN_KEY, "the token's signing key is not in the issuer's JWKS")
@@ -131,9 +141,13 @@ impl IssuerKeys {
     fn current(&self) -> Option<Arc<KeySet>> {
         self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
+}
 
-    async fn fetch(&self, state: &mut RefreshState) -> Result<Vec<VerifyingKey>, String> {
-        let jwks_uri = match (&self.configured_jwks_uri, &state.jwks_uri) {
+#[async_trait]
+impl JwksSource for Discovered {
+    async fn fetch(&self) -> Result<JwkSet, String> {
+        let known = self.discovered.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let jwks_uri = match (&self.configured_jwks_uri, known.as_ref()) {
             (Some(uri), _) | (None, Some(uri)) => uri.clone(),
             (None, None) => {
                 let url = format!("{}/.well-known/openid-configuration", self.issuer.trim_end_matches('/'));
@@ -145,14 +159,18 @@ impl IssuerKeys {
                     ));
                 }
                 check_url(&doc.jwks_uri).map_err(|e| format!("jwks_uri: {e}"))?;
-                state.jwks_uri = Some(doc.jwks_uri.clone());
                 doc.jwks_uri
             }
         };
-        let set: JwkSet = self.get_json(&jwks_uri).await?;
-        Ok(usable_keys(&set))
+        let fetched = self.get_json(&jwks_uri).await;
+        // Discover again after a failure (the jwks_uri may have moved); keep it otherwise.
+        *self.discovered.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            fetched.is_ok().then(|| jwks_uri.clone()).filter(|_| self.configured_jwks_uri.is_none());
+        fetched
     }
+}
 
+impl Discovered {
     async fn get_json<T: serde::de::DeserializeOwned>(&self, url: &str) -> Result<T, String> {
         let mut resp = self
             .http

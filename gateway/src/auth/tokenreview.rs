@@ -10,19 +10,27 @@
 //! Only tokens that could be Kubernetes tokens are reviewed ([`precheck`]): ServiceAccount
 //! tokens are JWTs, so by default anything else is left to the other authenticators (and
 //! refused as unrecognized) without a TokenReview, and a JWT past its `exp` is refused here.
-//! Clusters whose users hold opaque tokens (a static token file, a webhook authenticator) turn
-//! on [`TokenReviewSettings::opaque_tokens`].
+//! A JWT must also carry a valid signature of one of the cluster's ServiceAccount keys (the
+//! apiserver's `/openid/v1/jwks`, cached like an OIDC issuer's keys): made-up tokens, however
+//! many, cost a signature check here and never a TokenReview. When those keys cannot be read
+//! the token is reviewed as before (the apiserver still decides). Clusters whose users hold
+//! opaque tokens (a static token file, a webhook authenticator) turn on
+//! [`TokenReviewSettings::opaque_tokens`]; clusters whose apiserver also accepts other JWTs
+//! (OIDC) turn on [`TokenReviewSettings::other_jwts`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use base64::Engine;
+use jsonwebtoken::jwk::JwkSet;
+use jsonwebtoken::{Algorithm, Validation};
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use kube::api::{Api, PostParams};
 use serde_json::{Map, Value};
 
 use super::cache::TtlCache;
+use super::jwks::{IssuerKeys, JwksSource, JwksTiming, MAX_DOCUMENT_BYTES};
 use super::{AuthError, Authenticator, reason};
 use crate::identity::Identity;
 
@@ -51,6 +59,11 @@ pub struct TokenReviewSettings {
     /// Also review tokens that are not JWTs (static token files, webhook authenticators with
     /// opaque tokens). Off: only JWTs, the shape of ServiceAccount tokens, are reviewed.
     pub opaque_tokens: bool,
+    /// Also review JWTs that no ServiceAccount key of the cluster signed (an apiserver that
+    /// also accepts OIDC JWTs). Off: such JWTs are refused here, without a TokenReview.
+    pub other_jwts: bool,
+    /// Cache timing of the cluster's ServiceAccount keys.
+    pub keys: JwksTiming,
 }
 
 impl Default for TokenReviewSettings {
@@ -62,6 +75,8 @@ impl Default for TokenReviewSettings {
             timeout: Duration::from_secs(5),
             max_entries: 10_000,
             opaque_tokens: false,
+            other_jwts: false,
+            keys: JwksTiming { ttl: Duration::from_secs(300), min_refresh_interval: Duration::from_secs(10) },
         }
     }
 }
@@ -73,6 +88,8 @@ pub struct TokenReviewAuthenticator {
     accepted: TtlCache<[u8; 32], Identity>,
     refused: TtlCache<[u8; 32], AuthError>,
     reviews: AtomicU64,
+    /// The cluster's ServiceAccount keys (`None` with [`TokenReviewSettings::other_jwts`]).
+    cluster_keys: Option<IssuerKeys>,
 }
 
 impl std::fmt::Debug for TokenReviewAuthenticator {
@@ -82,10 +99,39 @@ impl std::fmt::Debug for TokenReviewAuthenticator {
 }
 
 impl TokenReviewAuthenticator {
-    /// Reviews tokens with `client` (which needs `create tokenreviews`).
+    /// Reviews tokens with `client` (which needs `create tokenreviews`, and `get` on the
+    /// non-resource URL `/openid/v1/jwks` unless [`TokenReviewSettings::other_jwts`]).
     pub fn new(client: kube::Client, settings: TokenReviewSettings) -> Self {
         let (accepted, refused) = (TtlCache::new(settings.max_entries), TtlCache::new(settings.max_entries));
-        Self { api: Api::all(client), settings, accepted, refused, reviews: AtomicU64::new(0) }
+        let cluster_keys = (!settings.other_jwts).then(|| {
+            IssuerKeys::with_source("kubernetes".into(), settings.keys, Box::new(ClusterKeys(client.clone())))
+        });
+        Self { api: Api::all(client), settings, accepted, refused, reviews: AtomicU64::new(0), cluster_keys }
+    }
+
+    /// Refuses a JWT that none of the cluster's ServiceAccount keys signed; `Ok` when one did,
+    /// or when the keys cannot be read (then the apiserver decides).
+    async fn signed_by_cluster(&self, keys: &IssuerKeys, token: &str) -> Result<(), AuthError> {
+        let not_ours = || AuthError::new(reason::INVALID, "the token was not signed by this cluster");
+        let header = jsonwebtoken::decode_header(token).map_err(|_| not_ours())?;
+        if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
+            return Err(not_ours());
+        }
+        let key = match keys.find(header.kid.as_deref(), header.alg).await {
+            Ok(key) => key,
+            Err(e) if e.is_unavailable() => {
+                tracing::debug!("the cluster's ServiceAccount keys are unavailable; the apiserver decides");
+                return Ok(());
+            }
+            Err(_) => return Err(not_ours()),
+        };
+        // Only the signature and expiry here; audience, issuer and the bound objects are the
+        // TokenReview's.
+        let mut validation = Validation::new(header.alg);
+        validation.validate_aud = false;
+        validation.required_spec_claims.clear();
+        validation.leeway = EXP_LEEWAY_SECS.unsigned_abs();
+        jsonwebtoken::decode::<Map<String, Value>>(token, &key.key, &validation).map(|_| ()).map_err(|_| not_ours())
     }
 
     /// TokenReviews sent so far (cache hits send none).
@@ -151,6 +197,11 @@ impl Authenticator for TokenReviewAuthenticator {
         if let Some(refusal) = self.refused.get(&key) {
             return Err(refusal);
         }
+        if let Some(keys) = &self.cluster_keys
+            && jwt_claims(token).is_some()
+        {
+            self.signed_by_cluster(keys, token).await?;
+        }
         let result = self.review(token).await;
         match &result {
             Ok(identity) => self.accepted.insert(key, identity.clone(), self.settings.positive_ttl),
@@ -158,6 +209,22 @@ impl Authenticator for TokenReviewAuthenticator {
             Err(_) => {}
         }
         result.map(Some)
+    }
+}
+
+/// The cluster's ServiceAccount keys, read from the apiserver (`GET /openid/v1/jwks`).
+struct ClusterKeys(kube::Client);
+
+#[async_trait]
+impl JwksSource for ClusterKeys {
+    async fn fetch(&self) -> Result<JwkSet, String> {
+        const PATH: &str = "/openid/v1/jwks";
+        let request = http::Request::get(PATH).body(Vec::new()).map_err(|e| e.to_string())?;
+        let text = self.0.request_text(request).await.map_err(|e| format!("GET {PATH}: {e}"))?;
+        if text.len() > MAX_DOCUMENT_BYTES {
+            return Err(format!("GET {PATH}: larger than {MAX_DOCUMENT_BYTES} bytes"));
+        }
+        serde_json::from_str(&text).map_err(|e| format!("GET {PATH}: not a JWKS: {e}"))
     }
 }
 
@@ -284,6 +351,9 @@ mod tests {
         let settings = TokenReviewSettings {
             negative_ttl: Duration::from_millis(300),
             max_entries: 4,
+            // These tokens are unsigned: the stand-in apiserver decides (auth_tokenreview tests
+            // the signature check against the real apiserver's keys).
+            other_jwts: true,
             ..TokenReviewSettings::default()
         };
         let (auth, sent) = authenticator(good.clone(), settings);

@@ -293,10 +293,35 @@ pub mod rbac {
         names: &[&str],
         subjects: Vec<Subject>,
     ) {
+        cluster_grant_rules(name, vec![rule(group, resource, verbs, names)], subjects).await;
+    }
+
+    /// `get` on the non-resource URL `path` for the gateway's user, waited for until the
+    /// gateway's client can read it.
+    pub async fn grant_gateway_url(name: &str, path: &str) {
+        let rule = PolicyRule {
+            non_resource_urls: Some(vec![path.to_owned()]),
+            verbs: vec!["get".into()],
+            ..Default::default()
+        };
+        cluster_grant_rules(name, vec![rule], vec![subject("User", "toolyard-gateway")]).await;
+        let client = TestEnv::get().client(User::Gateway).await;
+        for _ in 0..100 {
+            let request = http::Request::get(path).body(Vec::new()).expect("request");
+            if client.request_text(request).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("the gateway user still cannot get {path}");
+    }
+
+    /// ClusterRole `name` with `rules`, bound to `subjects`.
+    pub async fn cluster_grant_rules(name: &str, rules: Vec<PolicyRule>, subjects: Vec<Subject>) {
         let client = TestEnv::get().client(User::Admin).await;
         let role = ClusterRole {
             metadata: ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
-            rules: Some(vec![rule(group, resource, verbs, names)]),
+            rules: Some(rules),
             ..Default::default()
         };
         Api::<ClusterRole>::all(client.clone()).patch(name, &apply(), &Patch::Apply(&role)).await.expect("ClusterRole");
