@@ -26,6 +26,10 @@ pub struct Config {
     #[arg(long, env = "TOOLYARD_AGENT_IMAGE", default_value = concat!("ghcr.io/toolyard/agent:", env!("CARGO_PKG_VERSION")))]
     pub agent_image: String,
 
+    /// RuntimeClass of coding-agent pods (e.g. gVisor); empty: the cluster's default runtime.
+    #[arg(long, env = "TOOLYARD_AGENT_RUNTIME_CLASS")]
+    pub agent_runtime_class: Option<String>,
+
     /// Base URL of the gateway's internal API, as runner pods reach it.
     #[arg(
         long,

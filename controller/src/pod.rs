@@ -9,8 +9,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile,
+    SecretKeySelector, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -131,6 +132,55 @@ pub fn hardened_pod_spec(
         volumes: Some(volumes(tmp_size_limit)),
         ..Default::default()
     }
+}
+
+/// A tool's pod spec (a call's Job, a warm pool's pods): the hardened shape around `main`,
+/// with the tool's ServiceAccount, placement and read-only volumes.
+pub fn tool_pod_spec(
+    main: Container,
+    config: &crate::Config,
+    spec: &toolyard_api::McpToolSpec,
+    restart_policy: &str,
+) -> PodSpec {
+    let runtime = &spec.runtime;
+    let mut pod = hardened_pod_spec(
+        main,
+        &config.runner_image,
+        runtime.service_account_name.as_deref(),
+        &config.resources.tmp_size_limit,
+        restart_policy,
+    );
+    if let Some(placement) = &spec.placement {
+        pod.node_selector = (!placement.node_selector.is_empty()).then(|| placement.node_selector.clone());
+        pod.tolerations = (!placement.tolerations.is_empty()).then(|| placement.tolerations.clone());
+        pod.affinity = placement.affinity.clone();
+        pod.runtime_class_name = placement.runtime_class_name.clone();
+    }
+    for v in &runtime.volumes {
+        let (volume, mount) = tool_volume(v);
+        pod.volumes.get_or_insert_with(Vec::new).push(volume);
+        if let Some(main) = pod.containers.first_mut() {
+            main.volume_mounts.get_or_insert_with(Vec::new).push(mount);
+        }
+    }
+    pod
+}
+
+/// The pod volume and the read-only mount of a tool's volume (named `tool-<name>`, apart
+/// from Toolyard's own).
+fn tool_volume(v: &toolyard_api::mcptool::ToolVolume) -> (Volume, VolumeMount) {
+    let name = format!("tool-{}", v.name);
+    let mut volume = Volume { name: name.clone(), ..Default::default() };
+    if let Some(c) = &v.config_map {
+        volume.config_map = Some(ConfigMapVolumeSource { name: c.name.clone(), ..Default::default() });
+    } else if let Some(s) = &v.secret {
+        volume.secret = Some(SecretVolumeSource { secret_name: Some(s.name.clone()), ..Default::default() });
+    } else if let Some(p) = &v.persistent_volume_claim {
+        volume.persistent_volume_claim =
+            Some(PersistentVolumeClaimVolumeSource { claim_name: p.name.clone(), read_only: Some(true) });
+    }
+    let mount = VolumeMount { name, mount_path: v.mount_path.clone(), read_only: Some(true), ..Default::default() };
+    (volume, mount)
 }
 
 /// A literal environment variable.

@@ -3,7 +3,9 @@
 // `printcolumn(...)` repeats `type_ = ...` by design; the lint mistakes it for duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -94,6 +96,9 @@ pub struct McpToolSpec {
     /// How calls are executed.
     #[serde(default)]
     pub execution: Execution,
+    /// Where the tool's pods run (Job and pool pods; ignored by the local mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
 }
 
 /// MCP tool annotations (hints for clients; not enforced).
@@ -146,6 +151,69 @@ pub struct Runtime {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub service_account_name: Option<String>,
+    /// Read-only volumes of the tool's container: ConfigMaps, Secrets and
+    /// PersistentVolumeClaims of the tool's namespace that the operator allows (the chart's
+    /// admission policy). Refused by the local mode.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(
+        validation = Rule::new("self.all(v, self.exists_one(w, w.name == v.name))").message("volume names must be unique"),
+        validation = Rule::new("self.all(v, self.exists_one(w, w.mountPath == v.mountPath))").message("mount paths must be unique")
+    )]
+    pub volumes: Vec<ToolVolume>,
+}
+
+/// The scheduling fields of a tool's pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Labels the node must have (e.g. `nvidia.com/gpu.present: "true"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints the pods tolerate (the admission policy allows the keys the operator lists).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub tolerations: Vec<Toleration>,
+    /// Node and pod (anti-)affinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// RuntimeClass of the pods, e.g. gVisor or Kata where the cluster has them (the admission
+    /// policy allows the classes the operator lists).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub runtime_class_name: Option<String>,
+}
+
+/// A read-only volume of the tool's container, from one object of the tool's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.configMap), has(self.secret), has(self.persistentVolumeClaim)].filter(x, x).size() == 1").message("set exactly one of configMap, secret and persistentVolumeClaim"))]
+pub struct ToolVolume {
+    /// Volume name (a DNS label).
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("name must be a DNS label: lowercase letters, digits and '-'"))]
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Absolute path of the mount; not `/`, `/tmp` or under `/toolyard` (Toolyard's own).
+    #[x_kube(validation = Rule::new("self.startsWith('/') && self != '/' && self != '/tmp' && !self.startsWith('/tmp/') && self != '/toolyard' && !self.startsWith('/toolyard/')").message("mountPath must be absolute and not /, /tmp or under /toolyard"))]
+    #[schemars(length(min = 2, max = 1024))]
+    pub mount_path: String,
+    /// A ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<ObjectRef>,
+    /// A Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<ObjectRef>,
+    /// A PersistentVolumeClaim (mounted read-only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<ObjectRef>,
+}
+
+/// An object of the tool's namespace, by name.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct ObjectRef {
+    /// Its name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
 }
 
 /// One environment variable: a literal value or a key of a Secret.

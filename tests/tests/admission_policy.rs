@@ -1,6 +1,7 @@
-//! The chart's admission policy on the real apiserver: only the gateway creates runs owned
+//! The chart's admission policies on the real apiserver: only the gateway creates runs owned
 //! by someone else; anyone else may only create runs owned by themselves, without groups
-//! they do not have.
+//! they do not have. McpTools use only the runtime classes, tolerations and volumes the
+//! operator lists.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use toolyard_api::ToolCall;
+use toolyard_api::{McpTool, ToolCall};
 use toolyard_tests::{TestEnv, User, random_suffix, repo_path, wait_until};
 
 fn call(name: &str, issuer: &str, user: &str, groups: &[&str]) -> ToolCall {
@@ -22,6 +23,10 @@ fn call(name: &str, issuer: &str, user: &str, groups: &[&str]) -> ToolCall {
 }
 
 fn render_policy(env: &TestEnv, release: &str, label: &str) -> String {
+    render(env, release, label, "templates/admission/owner-policy.yaml", &[])
+}
+
+fn render(env: &TestEnv, release: &str, label: &str, template: &str, sets: &[&str]) -> String {
     let helm = env.bin_dir().join("helm");
     let out = std::process::Command::new(helm)
         .args([
@@ -31,10 +36,11 @@ fn render_policy(env: &TestEnv, release: &str, label: &str) -> String {
             "-n",
             "toolyard-system",
         ])
-        .args(["--kube-version", "1.34.4", "--show-only", "templates/admission/owner-policy.yaml"])
+        .args(["--kube-version", "1.34.4", "--show-only", template])
         .args(["-f", repo_path("charts/toolyard/ci/test-values.yaml").to_str().expect("utf-8 path")])
         .args(["--set", "admission.enabled=true", "--set", "admission.trustedUsers={toolyard-gateway}"])
         .args(["--set", &format!("admission.namespaceSelector.matchLabels.toolyard-test-admission={label}")])
+        .args(sets.iter().flat_map(|s| ["--set", s]))
         .output()
         .expect("helm runs");
     assert!(out.status.success(), "helm template failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -145,6 +151,143 @@ async fn only_the_gateway_creates_runs_owned_by_someone_else() {
         "spec.owner must name",
     );
     gateway.create(&PostParams::default(), &call("via-gateway", "apikey", "bob", &["ops"])).await.unwrap();
+
+    env.kubectl_as(User::Admin, &["delete", "-f", file.to_str().unwrap()]).unwrap();
+    let _ = std::fs::remove_file(file);
+}
+
+fn tool(name: &str, placement: serde_json::Value, volumes: serde_json::Value) -> McpTool {
+    serde_json::from_value(json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "McpTool",
+        "metadata": {"name": name},
+        "spec": {"name": name.replace('-', "_"), "description": "d", "inputSchema": {"type": "object"},
+                 "runtime": {"image": "example/tool:1", "command": ["python3"], "volumes": volumes},
+                 "placement": placement}
+    }))
+    .expect("a valid McpTool")
+}
+
+#[tokio::test]
+async fn mcptools_use_only_the_runtime_classes_tolerations_and_volumes_the_operator_lists() {
+    let env = TestEnv::get();
+    env.install_crds().await.unwrap();
+    let ns = env.namespace("admtools").await.unwrap();
+    let label = random_suffix(8);
+    let admin = env.client(User::Admin).await;
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"toolyard-test-admission": label}}})),
+        )
+        .await
+        .unwrap();
+    let role = Role {
+        metadata: ObjectMeta { name: Some("tools".into()), ..Default::default() },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["toolyard.dev".into()]),
+            resources: Some(vec!["mcptools".into()]),
+            verbs: vec!["create".into(), "get".into(), "patch".into(), "delete".into()],
+            ..Default::default()
+        }]),
+    };
+    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
+    let binding = RoleBinding {
+        metadata: ObjectMeta { name: Some("tools".into()), ..Default::default() },
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "tools".into() },
+        subjects: Some(
+            ["alice", "toolyard-gateway"]
+                .iter()
+                .map(|u| Subject {
+                    kind: "User".into(),
+                    name: (*u).into(),
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    };
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
+
+    let release = format!("admt-{label}");
+    let rates = format!("admission.tools.configMaps={{{ns}/rates}}");
+    let sets = [
+        "admission.tools.runtimeClasses={gvisor}",
+        "admission.tools.tolerationKeys={nvidia.com/gpu}",
+        rates.as_str(),
+        "admission.trustedUsers={toolyard-gateway}",
+    ];
+    let manifest = render(env, &release, &label, "templates/admission/tool-policy.yaml", &sets);
+    let file = std::env::temp_dir().join(format!("{release}.yaml"));
+    std::fs::write(&file, &manifest).unwrap();
+    env.kubectl_as(User::Admin, &["apply", "-f", file.to_str().unwrap()]).unwrap();
+
+    let alice: Api<McpTool> = Api::namespaced(env.client(User::Alice).await, &ns);
+    let as_admin: Api<McpTool> = Api::namespaced(admin.clone(), &ns);
+    let kata = json!({"runtimeClassName": "kata"});
+    wait_until(Duration::from_secs(30), "the policy to be enforced", || async {
+        let name = format!("probe-{}", random_suffix(5));
+        match alice.create(&PostParams::default(), &tool(&name, kata.clone(), json!([]))).await {
+            Ok(_) => {
+                as_admin.delete(&name, &DeleteParams::default()).await?;
+                Ok(false)
+            }
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("runtimeClassName kata") => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+    .unwrap();
+
+    let refused = |result: Result<McpTool, kube::Error>, needle: &str| match result {
+        Err(kube::Error::Api(e)) => assert!(e.code == 403 && e.message.contains(needle), "{e:?}"),
+        Ok(_) => panic!("accepted; expected a refusal containing {needle:?}"),
+        Err(e) => panic!("{e}"),
+    };
+    let create = |name: &str, placement: serde_json::Value, volumes: serde_json::Value| {
+        let alice = alice.clone();
+        let tool = tool(name, placement, volumes);
+        async move { alice.create(&PostParams::default(), &tool).await }
+    };
+    // What the operator listed, and a tool with no extras.
+    create("plain", json!(null), json!([])).await.unwrap();
+    let gpu = json!({"runtimeClassName": "gvisor", "nodeSelector": {"gpu": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]});
+    create("gpu", gpu, json!([{"name": "rates", "mountPath": "/data", "configMap": {"name": "rates"}}])).await.unwrap();
+
+    // Anything else, each with what to ask the operator for.
+    refused(
+        create("kata", json!({"runtimeClassName": "kata"}), json!([])).await,
+        "runtimeClassName kata is not allowed here: the operator lists the allowed runtime classes in admission.tools.runtimeClasses",
+    );
+    refused(
+        create("dedicated", json!({"tolerations": [{"key": "dedicated", "operator": "Exists"}]}), json!([])).await,
+        "admission.tools.tolerationKeys",
+    );
+    refused(create("everything", json!({"tolerations": [{"operator": "Exists"}]}), json!([])).await, "without a key");
+    refused(
+        create("other-map", json!(null), json!([{"name": "m", "mountPath": "/m", "configMap": {"name": "other"}}]))
+            .await,
+        "ConfigMap other is not allowed here",
+    );
+    refused(
+        create("secret", json!(null), json!([{"name": "s", "mountPath": "/s", "secret": {"name": "feed"}}])).await,
+        "Secret feed is not allowed here",
+    );
+    refused(
+        create("claim", json!(null), json!([{"name": "c", "mountPath": "/c", "persistentVolumeClaim": {"name": "h"}}]))
+            .await,
+        "PersistentVolumeClaim h is not allowed here",
+    );
+    // Not by a later update either.
+    let patch =
+        json!({"spec": {"runtime": {"volumes": [{"name": "s", "mountPath": "/s", "secret": {"name": "feed"}}]}}});
+    let updated = alice.patch("plain", &PatchParams::default(), &Patch::Merge(&patch)).await;
+    refused(updated, "Secret feed is not allowed here");
+    // A trusted user is not limited.
+    let gateway: Api<McpTool> = Api::namespaced(env.client(User::Gateway).await, &ns);
+    let secret = tool("by-gateway", json!(null), json!([{"name": "s", "mountPath": "/s", "secret": {"name": "feed"}}]));
+    gateway.create(&PostParams::default(), &secret).await.unwrap();
 
     env.kubectl_as(User::Admin, &["delete", "-f", file.to_str().unwrap()]).unwrap();
     let _ = std::fs::remove_file(file);

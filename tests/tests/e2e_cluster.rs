@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use e2e_support::Platform;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::node::v1::RuntimeClass;
+use kube::api::{Api, ListParams, PostParams};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
-use toolyard_api::ToolCall;
+use toolyard_api::{McpTool, ToolCall};
 use toolyard_tests::{TestEnv, User};
 
 fn call(name: &str, arguments: Value) -> CallToolRequestParams {
@@ -161,7 +162,96 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     assert_eq!(describe(bob_call), describe(unknown));
 
     progress_and_call_events(&mut platform).await;
+    placement_and_volumes(&platform).await;
     platform.stop().await;
+}
+
+/// An McpTool's placement (node selector, toleration, node affinity, runtime class) and
+/// resources reach its call's pod on the node, and a ConfigMap mounted read-only is what the
+/// function reads.
+async fn placement_and_volumes(platform: &Platform) {
+    let env = TestEnv::get();
+    let admin = env.client(User::Admin).await;
+    let ns = &platform.ns;
+    let node = Api::<Node>::all(admin.clone()).list(&ListParams::default()).await.expect("nodes").items;
+    let hostname = node
+        .iter()
+        .find_map(|n| n.metadata.labels.as_ref()?.get("kubernetes.io/hostname").cloned())
+        .expect("a node with a hostname label");
+    let handler: RuntimeClass = serde_json::from_value(json!({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": "toolyard-test-runc"}, "handler": "runc"
+    }))
+    .expect("RuntimeClass");
+    let classes = Api::<RuntimeClass>::all(admin.clone());
+    if classes.get_opt("toolyard-test-runc").await.expect("get RuntimeClass").is_none() {
+        classes.create(&PostParams::default(), &handler).await.expect("create RuntimeClass");
+    }
+    let rates: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "rates"}, "data": {"rates.json": "{\"eur\": 0.031, \"usd\": 0.045}"}
+    }))
+    .expect("ConfigMap");
+    Api::<ConfigMap>::namespaced(admin.clone(), ns).create(&PostParams::default(), &rates).await.expect("ConfigMap");
+    let tool: McpTool = serde_json::from_value(json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "McpTool",
+        "metadata": {"name": "read-rates"},
+        "spec": {
+            "name": "read_rates", "description": "The reference rates from a mounted ConfigMap.",
+            "inputSchema": {"type": "object"},
+            "runtime": {
+                "image": "ghcr.io/toolyard/test-misbehaving:0.1.0",
+                "command": ["python3", "-c", "import json, os; json.dump(json.load(open('/data/rates/rates.json')), open(os.environ['TOOLYARD_RESULT_FILE'], 'w'))"],
+                "resources": {"requests": {"cpu": "50m", "memory": "48Mi"}, "limits": {"memory": "96Mi"}},
+                "volumes": [{"name": "rates", "mountPath": "/data/rates", "configMap": {"name": "rates"}}]
+            },
+            "placement": {
+                "nodeSelector": {"kubernetes.io/hostname": hostname},
+                "tolerations": [{"key": "toolyard.dev/dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}},
+                "runtimeClassName": "toolyard-test-runc"
+            }
+        }
+    }))
+    .expect("McpTool");
+    Api::<McpTool>::namespaced(admin.clone(), ns).create(&PostParams::default(), &tool).await.expect("McpTool");
+
+    let alice = platform.client(User::Alice).await;
+    for _ in 0..100 {
+        let names: Vec<String> =
+            alice.list_all_tools().await.expect("tools/list").into_iter().map(|t| t.name.to_string()).collect();
+        if names.iter().any(|n| n == "read_rates") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let read = alice.call_tool(call("read_rates", json!({}))).await.expect("tools/call");
+    if read.is_error == Some(true) {
+        platform.dump_logs();
+    }
+    assert_eq!(read.structured_content, Some(json!({"eur": 0.031, "usd": 0.045})), "{}", text_of(&read));
+
+    let calls = Api::<ToolCall>::namespaced(admin.clone(), ns).list(&ListParams::default()).await.expect("calls").items;
+    let job = calls
+        .iter()
+        .find(|c| c.spec.tool == "read-rates")
+        .and_then(|c| c.status.as_ref()?.job_name.clone())
+        .expect("the call's Job");
+    let pods = Api::<Pod>::namespaced(admin, ns)
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await
+        .expect("pods")
+        .items;
+    let spec = pods.first().and_then(|p| p.spec.clone()).expect("the call's pod");
+    assert_eq!(spec.node_selector.as_ref().and_then(|s| s.get("kubernetes.io/hostname")), Some(&hostname));
+    assert!(spec.tolerations.iter().flatten().any(|t| t.key.as_deref() == Some("toolyard.dev/dedicated")));
+    assert!(spec.affinity.as_ref().and_then(|a| a.node_affinity.as_ref()).is_some());
+    assert_eq!(spec.runtime_class_name.as_deref(), Some("toolyard-test-runc"));
+    let main = spec.containers.iter().find(|c| c.name != "install-runner").expect("the tool container");
+    let requests = main.resources.as_ref().and_then(|r| r.requests.clone()).expect("requests");
+    assert_eq!(requests["cpu"].0, "50m");
+    let mount = main.volume_mounts.iter().flatten().find(|m| m.mount_path == "/data/rates").expect("the mount");
+    assert_eq!(mount.read_only, Some(true));
 }
 
 /// A function's progress reports reach the client as `notifications/progress`, whichever

@@ -42,7 +42,8 @@ pub fn desired_job(task: &CodingTask, config: &Config, now: Timestamp) -> Result
         resources: Some(pod::resources(None, &r.agent_cpu_request, &r.agent_memory_request, &r.agent_memory_limit)),
         ..Default::default()
     };
-    let pod_spec = pod::hardened_pod_spec(container, &config.runner_image, None, &r.tmp_size_limit, "Never");
+    let mut pod_spec = pod::hardened_pod_spec(container, &config.runner_image, None, &r.tmp_size_limit, "Never");
+    pod_spec.runtime_class_name = config.agent_runtime_class.clone();
     Ok(run::run_job(
         &name,
         &ns,

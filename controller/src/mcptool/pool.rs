@@ -140,13 +140,7 @@ pub fn desired_deployment(tool: &McpTool, config: &Config) -> Result<Deployment>
         )),
         ..Default::default()
     };
-    let mut pod_spec = pod::hardened_pod_spec(
-        container,
-        &config.runner_image,
-        runtime.service_account_name.as_deref(),
-        &r.tmp_size_limit,
-        "Always",
-    );
+    let mut pod_spec = pod::tool_pod_spec(container, config, &tool.spec, "Always");
     pod_spec.termination_grace_period_seconds = Some(i64::from(tool.spec.execution.timeout_seconds) + DRAIN_SECONDS);
 
     Ok(Deployment {

@@ -57,13 +57,7 @@ pub fn desired_job(call: &ToolCall, tool: &McpTool, config: &Config, now: Timest
         )),
         ..Default::default()
     };
-    let pod_spec = pod::hardened_pod_spec(
-        container,
-        &config.runner_image,
-        runtime.service_account_name.as_deref(),
-        &r.tmp_size_limit,
-        "Never",
-    );
+    let pod_spec = pod::tool_pod_spec(container, config, &tool.spec, "Never");
     Ok(run::run_job(
         &name,
         &ns,

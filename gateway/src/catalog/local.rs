@@ -215,6 +215,15 @@ pub fn load_file(file: &Path, text: &str, schema: &Value, tools: &mut Vec<LocalT
                 }
             }
         }
+        if doc.pointer("/spec/runtime/volumes").and_then(Value::as_array).is_some_and(|v| !v.is_empty()) {
+            errors.push(error(
+                file,
+                n,
+                "spec.runtime.volumes",
+                "not available in local mode (there are no ConfigMaps, Secrets or volume claims); put the files in \
+                 the tool folder instead",
+            ));
+        }
         if errors.len() > before {
             continue;
         }
@@ -288,12 +297,26 @@ mod tests {
             TOOL.replace("{name: echo}", "{name: e3}")
                 .replace("name: echo\n", "name: e3\n")
                 .replace("inputSchema: {type: object}", "inputSchema: {type: object, properties: {a: {type: 12}}}"),
+        ) + &format!(
+            "---\n{}---\n{}",
+            TOOL.replace("{name: echo}", "{name: e4}").replace("name: echo\n", "name: e4\n").replace(
+                "command: [python3]}",
+                "command: [python3], volumes: [{name: data, mountPath: /data, configMap: {name: rates}}]}"
+            ),
+            TOOL.replace("{name: echo}", "{name: e5}").replace("name: echo\n", "name: e5\n").replace(
+                "command: [python3]}",
+                "command: [python3], volumes: [{name: data, mountPath: /tmp/x, configMap: {name: a}, secret: {name: b}}]}"
+            ),
         );
         let errors = load_text(&text).unwrap_err();
         let expect = [
             "t.yaml (document 2): kind: kind \"Deployment\": a tool folder holds only McpTool manifests",
             "t.yaml (document 4): spec.runtime.env[0].secretKeyRef: not available in local mode",
             "t.yaml (document 5): spec.inputSchema: inputSchema is not a valid JSON Schema",
+            "t.yaml (document 6): spec.runtime.volumes: not available in local mode",
+            "t.yaml (document 7): spec.runtime.volumes[0]: Invalid value: \"object\": set exactly one of configMap, secret and persistentVolumeClaim",
+            "t.yaml (document 7): spec.runtime.volumes[0].mountPath: Invalid value: \"string\": mountPath must be absolute",
+            "t.yaml (document 7): spec.runtime.volumes: not available in local mode",
             "t.yaml (document 3): spec.name: tool name \"echo\" is already used by t.yaml (document 1)",
             "t.yaml (document 3): metadata.name: McpTool \"echo\" is already defined in t.yaml (document 1)",
         ];

@@ -232,16 +232,40 @@ pub fn cel_rule(rule: &str) -> Option<Rule> {
         "has(self.value) != has(self.secretKeyRef)" => {
             |v| v.get("value").is_some_and(|x| !x.is_null()) != v.get("secretKeyRef").is_some_and(|x| !x.is_null())
         }
-        "self.all(e, self.exists_one(f, f.name == e.name))" => |v| {
-            let names: Vec<&Value> =
-                v.as_array().map(|a| a.iter().filter_map(|e| e.get("name")).collect()).unwrap_or_default();
-            names.iter().all(|n| names.iter().filter(|m| *m == n).count() == 1)
+        "self.all(e, self.exists_one(f, f.name == e.name))" | "self.all(v, self.exists_one(w, w.name == v.name))" => {
+            |v| unique(v, "name")
+        }
+        "self.all(v, self.exists_one(w, w.mountPath == v.mountPath))" => |v| unique(v, "mountPath"),
+        "[has(self.configMap), has(self.secret), has(self.persistentVolumeClaim)].filter(x, x).size() == 1" => |v| {
+            ["configMap", "secret", "persistentVolumeClaim"]
+                .iter()
+                .filter(|k| v.get(**k).is_some_and(|x| !x.is_null()))
+                .count()
+                == 1
         },
+        "self.startsWith('/') && self != '/' && self != '/tmp' && !self.startsWith('/tmp/') && self != '/toolyard' && !self.startsWith('/toolyard/')" => {
+            |v| {
+                v.as_str().is_some_and(|s| {
+                    s.starts_with('/')
+                        && s != "/"
+                        && s != "/tmp"
+                        && !s.starts_with("/tmp/")
+                        && s != "/toolyard"
+                        && !s.starts_with("/toolyard/")
+                })
+            }
+        }
         "!self.contains(' ')" => |v| v.as_str().is_some_and(|s| !s.contains(' ')),
         "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')" => |v| v.as_str().is_some_and(is_dns_label),
         _ => return None,
     };
     Some(check)
+}
+
+/// Every element of the array `v` has a `key` no other element has.
+fn unique(v: &Value, key: &str) -> bool {
+    let values: Vec<&Value> = v.as_array().map(|a| a.iter().filter_map(|e| e.get(key)).collect()).unwrap_or_default();
+    values.iter().all(|x| values.iter().filter(|y| *y == x).count() == 1)
 }
 
 /// `^[A-Za-z_][A-Za-z0-9_]*$`

@@ -255,6 +255,57 @@ fn declared_resources_and_service_account_are_used() {
 }
 
 #[test]
+fn placement_and_read_only_volumes_reach_the_pod() {
+    let mut runtime = pricing_runtime();
+    runtime["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+    runtime["volumes"] = json!([
+        {"name": "rates", "mountPath": "/data/rates", "configMap": {"name": "reference-rates"}},
+        {"name": "feed", "mountPath": "/etc/feed", "secret": {"name": "feed-credentials"}},
+        {"name": "history", "mountPath": "/data/history", "persistentVolumeClaim": {"name": "history"}},
+    ]);
+    let mut tool = tool(runtime);
+    tool.spec.placement = Some(
+        serde_json::from_value(json!({
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+            "runtimeClassName": "gvisor",
+        }))
+        .unwrap(),
+    );
+    let job = desired_job(&call(json!({})), &tool, &config(), now()).unwrap();
+    let pod = pod_spec(&job);
+    assert_eq!(pod.node_selector.as_ref().unwrap()["nvidia.com/gpu.present"], "true");
+    assert_eq!(pod.tolerations.as_ref().unwrap()[0].key.as_deref(), Some("nvidia.com/gpu"));
+    assert!(pod.affinity.as_ref().unwrap().node_affinity.is_some());
+    assert_eq!(pod.runtime_class_name.as_deref(), Some("gvisor"));
+    let limits = pod.containers[0].resources.as_ref().unwrap().limits.as_ref().unwrap();
+    assert_eq!(limits["nvidia.com/gpu"], Quantity("1".into()));
+
+    let volumes = pod.volumes.as_ref().unwrap();
+    let named = |n: &str| volumes.iter().find(|v| v.name == n).unwrap_or_else(|| panic!("{n} in {volumes:?}"));
+    assert_eq!(named("tool-rates").config_map.as_ref().unwrap().name, "reference-rates");
+    assert_eq!(named("tool-feed").secret.as_ref().unwrap().secret_name.as_deref(), Some("feed-credentials"));
+    let claim = named("tool-history").persistent_volume_claim.as_ref().unwrap();
+    assert_eq!((claim.claim_name.as_str(), claim.read_only), ("history", Some(true)));
+    let mounts = pod.containers[0].volume_mounts.as_ref().unwrap();
+    for (name, path) in [("tool-rates", "/data/rates"), ("tool-feed", "/etc/feed"), ("tool-history", "/data/history")] {
+        let mount = mounts.iter().find(|m| m.name == name).unwrap();
+        assert_eq!((mount.mount_path.as_str(), mount.read_only), (path, Some(true)), "{name}");
+    }
+    assert!(mounts.iter().any(|m| m.mount_path == "/tmp"), "Toolyard's own mounts stay");
+    assert!(
+        pod.init_containers.as_ref().unwrap()[0]
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|m| !m.name.starts_with("tool-"))
+    );
+}
+
+#[test]
 fn token_secret_holds_a_call_token_for_this_call_and_owner() {
     let key = SigningKey::new(vec![7u8; 32]).unwrap();
     let secret = desired_token_secret(&call(json!({})), &tool(pricing_runtime()), &key).unwrap();
