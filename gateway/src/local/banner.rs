@@ -34,7 +34,8 @@ pub fn text(gateway: &LocalGateway) -> String {
             (ExecutionMode::Pool, true) => "warm worker, reused",
             (ExecutionMode::Pool, false) => "warm pool, fresh process per call",
         };
-        let _ = writeln!(out, "    {:<20} {mode}, timeout {}s", t.tool.name(), execution.timeout_seconds);
+        let placed = if t.tool.spec.placement.is_some() { " (its placement applies on a cluster only)" } else { "" };
+        let _ = writeln!(out, "    {:<20} {mode}, timeout {}s{placed}", t.tool.name(), execution.timeout_seconds);
     }
     let _ = writeln!(
         out,
