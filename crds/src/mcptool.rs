@@ -96,6 +96,11 @@ pub struct McpToolSpec {
     /// How calls are executed.
     #[serde(default)]
     pub execution: Execution,
+    /// Give the function the caller's identity (issuer, user, groups; `toolyard.caller()` in
+    /// Python, `TOOLYARD_CALLER` for any command), for entitlements and audit. Off: the
+    /// function learns nothing about who called.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub caller_identity: bool,
     /// Where the tool's pods run (Job and pool pods; ignored by the local mode).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,

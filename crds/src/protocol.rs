@@ -25,6 +25,10 @@ pub mod env {
     /// Set for the tool command (file protocol): where it may append [`super::Progress`]
     /// reports, one JSON object per line (`toolyard.progress(...)` does).
     pub const PROGRESS_FILE: &str = "TOOLYARD_PROGRESS_FILE";
+    /// Set for the tool command when its McpTool asks for the caller's identity
+    /// (`callerIdentity: true`): the caller as JSON, `{"issuer", "user", "groups"}`, as the
+    /// gateway authenticated it (a reused jsonl worker gets it per request instead).
+    pub const CALLER: &str = "TOOLYARD_CALLER";
 }
 
 /// Exit codes of the tool command, as the Python function runner uses them.
@@ -101,6 +105,9 @@ pub mod pool {
         /// W3C trace context.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub traceparent: Option<String>,
+        /// The caller, for a tool with `callerIdentity: true` (see [`super::env::CALLER`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub caller: Option<crate::Owner>,
     }
 
     /// The pool's answer: the result plus the call's bounded logs.

@@ -161,6 +161,15 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     };
     assert_eq!(describe(bob_call), describe(unknown));
 
+    // A tool that asks for its caller gets the owner the gateway recorded on the ToolCall; the
+    // same function under an McpTool that did not ask gets nothing.
+    let who = alice.call_tool(call("whoami", json!({}))).await.expect("tools/call");
+    let caller = who.structured_content.as_ref().map(|s| s["caller"].clone()).unwrap_or_default();
+    assert_eq!((caller["issuer"].as_str(), caller["user"].as_str()), (Some("kubernetes"), Some("alice")), "{caller}");
+    assert!(caller["groups"].as_array().is_some_and(|g| g.iter().any(|g| g == "quants")), "{caller}");
+    let anonymous = alice.call_tool(call("whoami_anonymous", json!({}))).await.expect("tools/call");
+    assert_eq!(anonymous.structured_content, Some(json!({"caller": null, "environment": false})));
+
     progress_and_call_events(&mut platform).await;
     placement_and_volumes(&platform).await;
     platform.stop().await;

@@ -168,6 +168,20 @@ async fn invalid_arguments_get_a_clear_error_and_nothing_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_that_ask_learn_who_called_and_others_learn_nothing() {
+    let local = Local::start("tests/fixtures/misbehaving").await;
+    let local_user = json!({"caller": {"issuer": "apikey", "user": "local", "groups": []}});
+    // A fresh process per call (TOOLYARD_CALLER) and a reused jsonl worker (per request).
+    assert_eq!(structured(&local.call("whoami", json!({})).await), local_user);
+    for _ in 0..2 {
+        assert_eq!(structured(&local.call("whoami_pool", json!({})).await), local_user);
+    }
+    // The same function under an McpTool that did not ask: no caller, no variable.
+    let anonymous = structured(&local.call("whoami_anonymous", json!({})).await);
+    assert_eq!(anonymous, json!({"caller": null, "environment": false}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misbehaving_tools_fail_cleanly() {
     let local = Local::start("tests/fixtures/misbehaving").await;
 

@@ -73,6 +73,7 @@ impl Pool {
             arguments: arguments.as_object().expect("test setup").clone(),
             timeout_ms,
             traceparent: None,
+            caller: None,
         };
         let token = token_for(&pool_key(), RunKind::Call, id);
         let (status, _, body) = self.post(Some(&token), &serde_json::to_value(&request).expect("test setup")).await;

@@ -105,6 +105,15 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
     let kill_grace = Duration::try_from_secs_f64(args.kill_grace)
         .map_err(|_| format!("--kill-grace must be a non-negative number, got {}", args.kill_grace))?;
     let api = InternalApi::new(&args.gateway_url, args.token).map_err(|e| e.to_string())?;
+    // The caller, when the tool asked for it (set on the pod by the controller, or by the local
+    // gateway); passed on to the command as the same variable.
+    let caller = match std::env::var(env::CALLER) {
+        Ok(text) => Some(
+            serde_json::from_str::<toolyard_api::Owner>(&text)
+                .map_err(|e| format!("{} is not a caller ({{issuer, user, groups}}): {e}", env::CALLER))?,
+        ),
+        Err(_) => None,
+    };
     let id = args.run_id;
 
     // The call's `call_started` event is stored while the input is read.
@@ -127,6 +136,7 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
         command: ToolCommand::new(args.command),
         stdin,
         traceparent: toolyard_telemetry::pass_on(&function, args.traceparent),
+        caller,
         log_limit: args.log_limit,
         kill_grace,
         progress: Some(ProgressReporter::to_sender(progress)),

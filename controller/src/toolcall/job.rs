@@ -40,6 +40,13 @@ pub fn desired_job(call: &ToolCall, tool: &McpTool, config: &Config, now: Timest
         vars.push(pod::env(env::TRACEPARENT, tp.clone()));
     }
     vars.extend(pod::telemetry_env(config));
+    if tool.spec.caller_identity {
+        // The owner the gateway recorded from the authenticated caller (the admission policy
+        // keeps anyone else from setting it).
+        let owner = &call.spec.owner;
+        let caller = serde_json::json!({"issuer": owner.issuer, "user": owner.user, "groups": owner.groups});
+        vars.push(pod::env(env::CALLER, caller.to_string()));
+    }
     vars.extend(pod::tool_env(&runtime.env));
 
     let r = &config.resources;

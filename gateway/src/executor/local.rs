@@ -201,12 +201,14 @@ impl LocalExecutor {
         // The function's reports go to the waiting caller as they come, and into the call's log.
         let progress = ProgressLog::new(request.progress.clone());
         let reporter = progress.reporter();
+        let caller = request.tool.spec.caller_identity.then(|| request.caller.owner());
         let call = PoolCall {
             id,
             arguments: &request.arguments,
             timeout,
             traceparent: request.traceparent.as_deref(),
             progress: Some(&reporter),
+            caller: caller.as_ref(),
         };
         let started = std::time::Instant::now();
         let limit = timeout + self.settings.kill_grace + Duration::from_secs(5);
@@ -272,6 +274,10 @@ impl LocalExecutor {
             .stderr(Stdio::piped());
         if let Some(tp) = &request.traceparent {
             command.env(env::TRACEPARENT, tp);
+        }
+        if request.tool.spec.caller_identity {
+            let caller = serde_json::to_string(&request.caller.owner()).map_err(|e| Error::Internal(e.to_string()))?;
+            command.env(env::CALLER, caller);
         }
 
         let notified = self.results.register(&owner, &id);

@@ -288,6 +288,7 @@ pub async fn run_pool_call(
         arguments: request.arguments.clone(),
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         traceparent: request.traceparent.clone(),
+        caller: request.tool.spec.caller_identity.then(|| request.caller.owner()),
     };
     let started = Instant::now();
     let outcome = tokio::select! {

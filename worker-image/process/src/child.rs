@@ -112,6 +112,9 @@ pub struct RunSpec {
     pub stdin: Vec<u8>,
     /// W3C trace context passed on as `TRACEPARENT`.
     pub traceparent: Option<String>,
+    /// The caller, passed on as `TOOLYARD_CALLER` (a tool with `callerIdentity: true`); the
+    /// command gets no such variable otherwise.
+    pub caller: Option<toolyard_api::Owner>,
     /// Bytes kept of each of stdout and stderr.
     pub log_limit: usize,
     /// Time between SIGTERM and SIGKILL at a stop.
@@ -226,6 +229,10 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
     match &spec.progress {
         Some(_) => command.env(env::PROGRESS_FILE, &progress_file),
         None => command.env_remove(env::PROGRESS_FILE),
+    };
+    match spec.caller.as_ref().map(serde_json::to_string) {
+        Some(Ok(caller)) => command.env(env::CALLER, caller),
+        _ => command.env_remove(env::CALLER),
     };
     let mut child = match command.spawn() {
         Ok(child) => child,

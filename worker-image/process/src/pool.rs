@@ -66,6 +66,8 @@ pub struct PoolCall<'a> {
     pub traceparent: Option<&'a str>,
     /// Where the function's progress reports go, if anywhere.
     pub progress: Option<&'a ProgressReporter>,
+    /// The caller, for a tool with `callerIdentity: true`.
+    pub caller: Option<&'a toolyard_api::Owner>,
 }
 
 /// What a call produced.
@@ -204,6 +206,7 @@ impl WorkerPool {
                 command: self.settings.command.clone(),
                 stdin: serde_json::to_vec(call.arguments).unwrap_or_default(),
                 traceparent: call.traceparent.map(str::to_owned),
+                caller: call.caller.cloned(),
                 log_limit: self.settings.log_limit,
                 kill_grace: self.settings.kill_grace,
                 progress: call.progress.cloned(),
@@ -242,7 +245,7 @@ impl WorkerPool {
                 }
             },
         };
-        let outcome = worker.call(call.id, call.arguments, call.traceparent, call.timeout, call.progress).await;
+        let outcome = worker.call(&call).await;
         if outcome.reusable {
             self.give_back(worker);
             drop(admitted);
@@ -318,7 +321,14 @@ mod tests {
     }
 
     fn call<'a>(arguments: &'a Map<String, Value>) -> PoolCall<'a> {
-        PoolCall { id: "c1", arguments, timeout: Duration::from_secs(10), traceparent: None, progress: None }
+        PoolCall {
+            id: "c1",
+            arguments,
+            timeout: Duration::from_secs(10),
+            traceparent: None,
+            progress: None,
+            caller: None,
+        }
     }
 
     #[tokio::test]

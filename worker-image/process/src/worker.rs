@@ -16,7 +16,6 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use crate::capture::{Capture, Captured};
 use crate::child::{ProcessGroup, StopReason, ToolCommand};
 use crate::outcome::{Exit, MAX_RESULT_BYTES, signal_name};
-use crate::progress::ProgressReporter;
 
 /// Longest answer line accepted (the result plus its envelope).
 const MAX_LINE: u64 = MAX_RESULT_BYTES + 64 * 1024;
@@ -41,6 +40,9 @@ struct Request<'a> {
     /// The W3C trace context of the call, for the function's span.
     #[serde(skip_serializing_if = "Option::is_none")]
     traceparent: Option<&'a str>,
+    /// The caller, for a tool with `callerIdentity: true` (`toolyard.caller()` during this call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    caller: Option<&'a toolyard_api::Owner>,
 }
 
 /// One answer line of the jsonl protocol.
@@ -123,19 +125,14 @@ impl Worker {
     }
 
     /// Runs one call; the worker must be dropped when the answer says it is not reusable.
-    pub async fn call(
-        &mut self,
-        id: &str,
-        arguments: &Map<String, Value>,
-        traceparent: Option<&str>,
-        timeout: Duration,
-        progress: Option<&ProgressReporter>,
-    ) -> WorkerCall {
+    pub async fn call(&mut self, call: &crate::pool::PoolCall<'_>) -> WorkerCall {
+        let crate::pool::PoolCall { id, arguments, traceparent, caller, timeout, progress } = *call;
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.stderr.take();
         let exchange = async {
-            let mut line = serde_json::to_vec(&Request { id, arguments, traceparent }).map_err(|e| e.to_string())?;
+            let mut line =
+                serde_json::to_vec(&Request { id, arguments, traceparent, caller }).map_err(|e| e.to_string())?;
             line.push(b'\n');
             self.stdin.write_all(&line).await.map_err(|e| format!("cannot write to the worker: {e}"))?;
             self.stdin.flush().await.map_err(|e| format!("cannot write to the worker: {e}"))?;

@@ -156,3 +156,11 @@ def steps(n: int, pause: float = 0.0) -> dict:
 def anything_progress(value: Any = None) -> bool:
     """Report `value` as the fraction, whatever it is."""
     return toolyard.progress(value)
+
+
+def who() -> Any:
+    """The caller, as `toolyard.caller()` says."""
+    import toolyard
+
+    who = toolyard.caller()
+    return None if who is None else who._asdict()

@@ -5,9 +5,11 @@
   from the functions' type hints and docstrings.
 - `toolyard.progress(fraction, message)`, called by a running function, tells the caller how
   far it is.
+- `toolyard.caller()` says who called, for tools whose McpTool has `callerIdentity: true`.
 """
 
+from ._caller import Caller, caller
 from ._progress import progress
 
-__all__ = ["progress"]
+__all__ = ["Caller", "caller", "progress"]
 __version__ = "0.1.0"

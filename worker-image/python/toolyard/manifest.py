@@ -54,6 +54,7 @@ class Options:
     replicas: int = 1
     timeout: int = 60
     read_only: bool = False
+    caller_identity: bool = False
     name: str | None = None  # tool name override, for a single function
 
 
@@ -137,6 +138,8 @@ def tool_document(target: str, options: Options) -> dict[str, Any]:
     if options.mode == "Pool":
         execution["pool"] = {"replicas": options.replicas, "reuseProcess": options.reuse}
     tool["execution"] = execution
+    if options.caller_identity:
+        tool["callerIdentity"] = True
     return {"apiVersion": API_VERSION, "kind": "McpTool", "metadata": metadata, "spec": tool}
 
 
@@ -172,6 +175,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=_positive, help="Pool only: warm pods (default 1)")
     p.add_argument("--timeout", type=_positive, default=60, help="seconds per call (default 60)")
     p.add_argument("--read-only", action="store_true", help="the tools change nothing (MCP hints)")
+    p.add_argument("--caller-identity", action="store_true",
+                   help="give the functions the caller's identity (toolyard.caller())")
     p.add_argument("--name", help="tool name instead of the function name (single function only)")
     p.add_argument("--output", help="write to this file instead of stdout")
     return p
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         image=args.image, namespace=args.namespace, toolset=args.toolset, mode=args.mode,
         reuse=args.reuse, replicas=args.replicas or 1, timeout=args.timeout,
-        read_only=args.read_only, name=args.name,
+        read_only=args.read_only, name=args.name, caller_identity=args.caller_identity,
     )  # fmt: skip
     try:
         text = generate(args.targets, options)

@@ -28,7 +28,7 @@ import sys
 import types
 from typing import IO, Any, NoReturn
 
-from . import _progress, _tracing
+from . import _caller, _progress, _tracing
 from ._types import (
     BadResult,
     FunctionSpec,
@@ -227,12 +227,14 @@ def serve_line(spec: FunctionSpec, line: bytes, out: IO[bytes] | None = None) ->
     traceparent = request.get("traceparent")
     if out is not None:
         _progress.begin_call(lambda report: _send(out, {"id": request_id, **report}))
+    caller_token = _caller.begin_call(request.get("caller"))
     try:
         result = call(spec, request["arguments"], traceparent if isinstance(traceparent, str) else None)
         return {"id": request_id, "ok": True, "result": result}
     except CallFailed as e:
         return {"id": request_id, "ok": False, "kind": e.kind, "error": shorten(e.message)}
     finally:
+        _caller.end_call(caller_token)
         _progress.end_call()
 
 

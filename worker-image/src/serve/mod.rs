@@ -155,6 +155,7 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
         timeout: Duration::from_millis(request.timeout_ms),
         traceparent: traceparent.as_deref(),
         progress: Some(&reporter),
+        caller: request.caller.as_ref(),
     };
     let called = server.pool.call(call).instrument(span).await;
     let progress = progress.events();

@@ -255,6 +255,21 @@ fn declared_resources_and_service_account_are_used() {
 }
 
 #[test]
+fn only_a_tool_that_asks_gets_the_caller() {
+    let env_of = |tool: &McpTool| -> Vec<EnvVar> {
+        let job = desired_job(&call(json!({})), tool, &config(), now()).unwrap();
+        pod_spec(&job).containers[0].env.clone().unwrap_or_default()
+    };
+    let mut asking = tool(pricing_runtime());
+    assert!(env_of(&asking).iter().all(|e| e.name != "TOOLYARD_CALLER"), "nothing unless asked");
+    asking.spec.caller_identity = true;
+    let vars = env_of(&asking);
+    let caller = vars.iter().find(|e| e.name == "TOOLYARD_CALLER").and_then(|e| e.value.clone()).expect("the caller");
+    let caller: serde_json::Value = serde_json::from_str(&caller).unwrap();
+    assert_eq!(caller, json!({"issuer": "apikey", "user": "alice", "groups": ["quants"]}));
+}
+
+#[test]
 fn placement_and_read_only_volumes_reach_the_pod() {
     let mut runtime = pricing_runtime();
     runtime["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
