@@ -47,19 +47,38 @@ fn render(env: &TestEnv, release: &str, label: &str, template: &str, sets: &[&st
     String::from_utf8(out.stdout).expect("utf-8 manifest")
 }
 
-async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
+/// A fresh namespace with a random `toolyard-test-admission` label (the policies' binding
+/// selects it, so no other test's namespace is affected): its name and the label.
+async fn labelled_namespace(env: &TestEnv, prefix: &str) -> (String, String) {
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace(prefix).await.expect("namespace");
+    let label = random_suffix(8);
+    Api::<Namespace>::all(env.client(User::Admin).await)
+        .patch(
+            &ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"toolyard-test-admission": label}}})),
+        )
+        .await
+        .expect("label the namespace");
+    (ns, label)
+}
+
+/// Role `name` in `ns` with `verbs` on toolyard.dev `resources`, bound to `users`.
+async fn grant(env: &TestEnv, ns: &str, name: &str, resources: &[&str], verbs: &[&str], users: &[&str]) {
     let client = env.client(User::Admin).await;
+    let strings = |items: &[&str]| items.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let role = Role {
-        metadata: ObjectMeta { name: Some("create-runs".into()), ..Default::default() },
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
         rules: Some(vec![PolicyRule {
             api_groups: Some(vec!["toolyard.dev".into()]),
-            resources: Some(vec!["toolcalls".into(), "codingtasks".into()]),
-            verbs: vec!["create".into(), "get".into(), "delete".into()],
+            resources: Some(strings(resources)),
+            verbs: strings(verbs),
             ..Default::default()
         }]),
     };
     Api::<Role>::namespaced(client.clone(), ns).create(&PostParams::default(), &role).await.expect("role");
-    let subjects = ["alice", "bob", "toolyard-gateway"]
+    let subjects = users
         .iter()
         .map(|u| Subject {
             kind: "User".into(),
@@ -69,12 +88,8 @@ async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
         })
         .collect();
     let binding = RoleBinding {
-        metadata: ObjectMeta { name: Some("create-runs".into()), ..Default::default() },
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: "create-runs".into(),
-        },
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: name.into() },
         subjects: Some(subjects),
     };
     Api::<RoleBinding>::namespaced(client, ns).create(&PostParams::default(), &binding).await.expect("binding");
@@ -83,19 +98,10 @@ async fn grant_create_toolcalls(env: &TestEnv, ns: &str) {
 #[tokio::test]
 async fn only_the_gateway_creates_runs_owned_by_someone_else() {
     let env = TestEnv::get();
-    env.install_crds().await.unwrap();
-    let ns = env.namespace("admission").await.unwrap();
-    let label = random_suffix(8);
+    let (ns, label) = labelled_namespace(env, "admission").await;
     let admin = env.client(User::Admin).await;
-    Api::<Namespace>::all(admin.clone())
-        .patch(
-            &ns,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"toolyard-test-admission": label}}})),
-        )
-        .await
-        .unwrap();
-    grant_create_toolcalls(env, &ns).await;
+    let runs = ["toolcalls", "codingtasks"];
+    grant(env, &ns, "create-runs", &runs, &["create", "get", "delete"], &["alice", "bob", "toolyard-gateway"]).await;
 
     let release = format!("adm-{label}");
     let manifest = render_policy(env, &release, &label);
@@ -170,44 +176,10 @@ fn tool(name: &str, placement: serde_json::Value, volumes: serde_json::Value) ->
 #[tokio::test]
 async fn mcptools_use_only_the_runtime_classes_tolerations_and_volumes_the_operator_lists() {
     let env = TestEnv::get();
-    env.install_crds().await.unwrap();
-    let ns = env.namespace("admtools").await.unwrap();
-    let label = random_suffix(8);
+    let (ns, label) = labelled_namespace(env, "admtools").await;
     let admin = env.client(User::Admin).await;
-    Api::<Namespace>::all(admin.clone())
-        .patch(
-            &ns,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"toolyard-test-admission": label}}})),
-        )
-        .await
-        .unwrap();
-    let role = Role {
-        metadata: ObjectMeta { name: Some("tools".into()), ..Default::default() },
-        rules: Some(vec![PolicyRule {
-            api_groups: Some(vec!["toolyard.dev".into()]),
-            resources: Some(vec!["mcptools".into()]),
-            verbs: vec!["create".into(), "get".into(), "patch".into(), "delete".into()],
-            ..Default::default()
-        }]),
-    };
-    Api::<Role>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &role).await.unwrap();
-    let binding = RoleBinding {
-        metadata: ObjectMeta { name: Some("tools".into()), ..Default::default() },
-        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: "tools".into() },
-        subjects: Some(
-            ["alice", "toolyard-gateway"]
-                .iter()
-                .map(|u| Subject {
-                    kind: "User".into(),
-                    name: (*u).into(),
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
-    };
-    Api::<RoleBinding>::namespaced(admin.clone(), &ns).create(&PostParams::default(), &binding).await.unwrap();
+    let verbs = ["create", "get", "patch", "delete"];
+    grant(env, &ns, "tools", &["mcptools"], &verbs, &["alice", "toolyard-gateway"]).await;
 
     let release = format!("admt-{label}");
     let rates = format!("admission.tools.configMaps={{{ns}/rates}}");
