@@ -130,8 +130,7 @@ async fn status(conn: &Connection, mcp_url: &reqwest::Url, limit: Duration, requ
             Line::skip("coding-tasks", format!("{detail} (--require-agent makes this a FAIL)"))
         }
     };
-    let mut url = mcp_url.clone();
-    url.set_path("/status");
+    let url = status_url(mcp_url);
     let report = async {
         let mut request = conn.http()?.get(url.clone()).timeout(limit);
         if let Some(token) = conn.token()? {
@@ -196,6 +195,22 @@ async fn status(conn: &Connection, mcp_url: &reqwest::Url, limit: Duration, requ
     lines
 }
 
+/// `/status` next to the MCP endpoint: `https://h/prefix/mcp` or
+/// `https://h/prefix/toolsets/x/mcp` give `https://h/prefix/status` (a gateway behind an
+/// Ingress path keeps its prefix).
+fn status_url(mcp_url: &reqwest::Url) -> reqwest::Url {
+    let path = mcp_url.path().trim_end_matches('/');
+    let base = path.strip_suffix("/mcp").unwrap_or(path);
+    let base = match base.rsplit_once("/toolsets/") {
+        Some((prefix, toolset)) if !toolset.contains('/') => prefix,
+        _ => base,
+    };
+    let mut url = mcp_url.clone();
+    url.set_path(&format!("{base}/status"));
+    url.set_query(None);
+    url
+}
+
 /// The connection line: an HTTPS handshake with the trusted roots, then the leaf
 /// certificate's names and expiry (`gateway.tls`); plain HTTP only on loopback
 /// (`gateway.http`).
@@ -254,5 +269,19 @@ async fn reach(conn: &Connection, url: &reqwest::Url, limit: Duration) -> Line {
         ),
         Some(_) => Line::pass(CHECK, format!("chain and host name valid; {subject}, valid until {not_after}")),
         None => Line::fail(CHECK, format!("the certificate expired on {not_after}"), "renew the certificate"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_url_keeps_any_path_prefix() {
+        let status = |u: &str| status_url(&reqwest::Url::parse(u).unwrap()).to_string();
+        assert_eq!(status("https://h/mcp"), "https://h/status");
+        assert_eq!(status("https://h:8443/toolsets/pricing/mcp"), "https://h:8443/status");
+        assert_eq!(status("https://h/toolyard/mcp/"), "https://h/toolyard/status");
+        assert_eq!(status("https://h/toolyard/toolsets/risk/mcp?x=1"), "https://h/toolyard/status");
     }
 }
