@@ -115,6 +115,14 @@ preflight() {
   iptables -L -n >/dev/null 2>&1 || die "iptables does not work here (the kernel needs netfilter)"
   [[ -n $(cgroup_mounts) ]] || die "no cgroup hierarchy is mounted"
   ip netns list >/dev/null 2>&1 || die "'ip netns' does not work (network namespaces)"
+  # The node unpacks the images and runs its pods under $RUN; a nearly full disk makes the
+  # kubelet evict every pod (DiskPressure), which shows up much later as unschedulable pods.
+  local parent free_kib
+  parent=$(dirname "$RUN")
+  mkdir -p "$parent"
+  free_kib=$(df -Pk "$parent" | awk 'NR == 2 {print $4}')
+  ((free_kib >= 3 * 1024 * 1024)) ||
+    die "only $((free_kib / 1024)) MiB free on the filesystem of $parent: the test node needs about 3 GiB (images, pods); free some space first"
 }
 
 # pick_net: N in 10.N.0.0/16, used by no route or address of the host nor by another run.
