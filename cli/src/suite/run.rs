@@ -43,11 +43,13 @@ pub async fn run(conn: &Connection, args: TestArgs) -> Result<u8> {
     let tests: Vec<Planned> =
         tests.into_iter().filter(|p| args.filter.as_deref().is_none_or(|f| p.test.name.contains(f))).collect();
     let client = conn.connect(true).await?;
+    // The tools' definitions (for output contracts) once; a `tools` test lists again.
+    let catalog = client.list_all_tools().await.map_err(|e| anyhow::anyhow!("tools/list: {}", error_chain(&e)))?;
     let started = Instant::now();
     let mut outcomes = Vec::new();
     for planned in &tests {
         let begun = Instant::now();
-        let failure = run_test(&client, planned, suite_timeout).await.err();
+        let failure = run_test(&client, &catalog, planned, suite_timeout).await.err();
         let outcome = Outcome { name: planned.test.name.clone(), line: planned.line, took: begun.elapsed(), failure };
         match &outcome.failure {
             None => println!("PASS  {} ({:.2} s)", outcome.name, outcome.took.as_secs_f64()),
@@ -92,11 +94,16 @@ fn junit(name: &str, file: &std::path::Path, outcomes: &[Outcome], took: Duratio
     report.to_string().context("writing the JUnit report")
 }
 
-async fn run_test(client: &Client, planned: &Planned, suite_timeout: Option<u64>) -> Result<(), String> {
+async fn run_test(
+    client: &Client,
+    tools: &[Tool],
+    planned: &Planned,
+    suite_timeout: Option<u64>,
+) -> Result<(), String> {
     let test = &planned.test;
-    let tools = client.list_all_tools().await.map_err(|e| format!("tools/list: {}", error_chain(&e)))?;
     if let Some(listing) = &test.tools {
-        return check_listing(listing, &tools);
+        let now = client.list_all_tools().await.map_err(|e| format!("tools/list: {}", error_chain(&e)))?;
+        return check_listing(listing, &now);
     }
     let (name, arguments, default_timeout) = match (&test.call, &test.coding_task) {
         (Some(tool), _) => (tool.as_str(), test.arguments.clone().unwrap_or_default(), CALL_TIMEOUT),
