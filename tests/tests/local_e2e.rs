@@ -69,10 +69,12 @@ impl Local {
     }
 }
 
-/// The events of the call in `folder`, in segment order (`events/000001.jsonl`, ...).
+/// The events of the call in `folder`, in segment order (`events/000001.jsonl`, ...). A
+/// segment being written is a `.tmp-*` file until it is renamed into place; it is skipped.
 fn call_events(folder: &Path) -> Vec<Value> {
-    let mut segments: Vec<PathBuf> =
-        std::fs::read_dir(folder.join("events")).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(folder.join("events"))
+        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "jsonl")).collect())
+        .unwrap_or_default();
     segments.sort();
     segments
         .iter()
