@@ -20,6 +20,7 @@ use crate::authz::{AuthzArgs, AuthzMetrics};
 use crate::catalog::kube::{KubeCatalog, Namespaces};
 use crate::executor::Executor;
 use crate::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeResultRecorder};
+use crate::executor::load::LoadSettings;
 use crate::executor::pool::PoolClient;
 use crate::internal::InternalArgs;
 use crate::limits::LimitSettings;
@@ -46,7 +47,8 @@ pub struct ServeArgs {
     /// Namespaces whose McpTools are served (comma-separated; empty or `*`: all namespaces).
     #[arg(long, env = "TOOLYARD_NAMESPACES", value_delimiter = ',')]
     pub namespaces: Vec<String>,
-    /// The gateway's own namespace (for Secrets named without a namespace).
+    /// The gateway's own namespace (for Secrets named without a namespace, and the Leases in
+    /// which replicas share their warm-pool calls in flight).
     #[arg(long, env = "TOOLYARD_POD_NAMESPACE", default_value = "toolyard")]
     pub gateway_namespace: String,
     /// Namespace where coding tasks (CodingTask objects) are created; the controller must watch
@@ -277,6 +279,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         KubeExecutorSettings {
             grace: Duration::from_secs(args.call_grace_seconds),
             api_timeout: Duration::from_secs(args.kube_timeout_seconds.max(1)),
+            load: LoadSettings::new(args.gateway_namespace.clone()),
             ..KubeExecutorSettings::default()
         },
         background.clone(),

@@ -12,7 +12,9 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use toolyard_api::CodingTask;
@@ -358,8 +360,42 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     let token = token.status.expect("status").token;
     let mut config = env.config(User::Admin).await.unwrap();
     config.auth_info = kube::config::AuthInfo { token: Some(token.into()), ..Default::default() };
-    let gateway: Api<CodingTask> = Api::namespaced(kube::Client::try_from(config).unwrap(), &served);
+    let gateway_client = kube::Client::try_from(config).unwrap();
+    let gateway: Api<CodingTask> = Api::namespaced(gateway_client.clone(), &served);
     gateway.create(&PostParams::default(), &coding_task("for-bob", "bob")).await.expect("the gateway creates for bob");
+
+    // It writes its own load Leases in the release namespace, and no other Lease (the
+    // controller's leader election is not its business): the RBAC allows any name, the
+    // admission policy only `toolyard-gateway-load-*`.
+    let leases: Api<Lease> = Api::namespaced(gateway_client, &release_ns);
+    let lease = |name: &str| Lease {
+        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+        spec: Some(LeaseSpec { holder_identity: Some("gateway".into()), ..Default::default() }),
+    };
+    let controller_lease = format!("{release}-toolyard-controller");
+    wait_until(Duration::from_secs(30), "the gateway Lease policy to be enforced", || async {
+        let mut probe = serde_json::to_value(lease(&controller_lease)).unwrap();
+        probe["apiVersion"] = "coordination.k8s.io/v1".into();
+        probe["kind"] = "Lease".into();
+        match leases.patch(&controller_lease, &PatchParams::apply("probe").force(), &Patch::Apply(&probe)).await {
+            Ok(_) => {
+                Api::<Lease>::namespaced(admin.clone(), &release_ns)
+                    .delete(&controller_lease, &DeleteParams::default())
+                    .await?;
+                Ok(false)
+            }
+            Err(kube::Error::Api(e)) if e.code == 403 => {
+                assert!(e.message.contains("writes only its load Leases"), "{}", e.message);
+                Ok(true)
+            }
+            Err(e) => Err(e.into()),
+        }
+    })
+    .await
+    .unwrap();
+    let own = format!("{}test", toolyard_gateway::executor::load::LEASE_PREFIX);
+    leases.create(&PostParams::default(), &lease(&own)).await.expect("the gateway creates its load Lease");
+    leases.delete(&own, &DeleteParams::default()).await.expect("and deletes it");
 
     // The gateway's RBAC, as installed: what it needs and nothing else (no Jobs, no pods, no
     // Secrets but the API key Secret, no writes to McpTools, no deletes).
@@ -384,7 +420,8 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
         (&served, "get", "", "secrets", "", false),
         (&release_ns, "get", "", "secrets", &format!("{release}-toolyard-token-key"), false),
         (&release_ns, "list", "", "secrets", "", false),
-        (&release_ns, "create", "coordination.k8s.io", "leases", "", false),
+        (&release_ns, "create", "coordination.k8s.io", "leases", "", true),
+        (&served, "create", "coordination.k8s.io", "leases", "", false),
         (&served, "create", "rbac.authorization.k8s.io", "rolebindings", "", false),
     ] {
         let (resource, subresource) = resource.split_once('/').map_or((resource, None), |(r, s)| (r, Some(s)));

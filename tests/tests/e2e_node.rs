@@ -384,6 +384,10 @@ async fn scenario(install: &mut Install) {
     assert_eq!(quote["isError"], false, "{quote}");
     assert_eq!(quote["structuredContent"]["symbol"], "AAPL", "{quote}");
     assert_eq!(quote["structuredContent"]["last"], 227.5, "{quote}");
+    // The gateway publishes its warm-pool calls in flight in a Lease of its own, which the
+    // chart lets it write: other replicas count them against the user's limit.
+    let leases = kubectl(&["-n", &install.ns, "get", "leases", "-l", "toolyard.dev/gateway-load", "-o", "name"]);
+    assert_eq!(leases.lines().count(), 1, "one load Lease per gateway replica: {leases}");
     eprintln!(
         "helm install to the first successful call: {:.1} s (price_option {:.2} s, get_quote {:.2} s)",
         install.install_to_first_call.unwrap_or_default(),

@@ -196,3 +196,87 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
     assert_eq!(events[0]["data"], json!({"tool": "steps_pool", "mode": "Pool"}));
     client.cancel().await.ok();
 }
+
+/// The per-user call limit counts warm-pool calls on every replica. Pool calls create no
+/// ToolCall, so each replica publishes its own in a Lease that the others watch.
+#[tokio::test]
+async fn the_per_user_call_limit_counts_pool_calls_on_every_replica() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwpoolrep").await.expect("namespace");
+    grant_platform(&ns).await;
+    let derived = |object: &str| signing_key().derive(&key_purpose(&ns, object));
+    let hang = start_pool(&derived("hang-pool"), "hang").await;
+    let echo = start_pool(&derived("echo-pool"), "echo").await;
+    for (object, name, props, pool) in [
+        ("hang-pool", "hang_pool", json!({"seconds": {"type": "number"}}), &hang),
+        ("echo-pool", "echo_pool", json!({"value": {}}), &echo),
+    ] {
+        create_tool(&ns, object, pool_spec(name, props, &[]), true).await;
+        set_tool_status(&ns, object, true, Some(&pool.endpoint)).await;
+    }
+    grant_call(&ns, "alice-calls", &[], &["alice"], &[]).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("hang-pool")).await;
+    let mut options = Options::default();
+    options.settings.limits.max_calls_per_user = 1;
+    let a = Gateway::start(std::slice::from_ref(&ns), options.clone()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let alice = OwnerKey::derive("kubernetes", "alice");
+    let seen_by_b = |n: usize| {
+        let executor = b.state.executor.clone();
+        let alice = alice.clone();
+        move || {
+            let executor = executor.clone();
+            let alice = alice.clone();
+            async move { Ok(executor.running_elsewhere(&alice) == n) }
+        }
+    };
+
+    // A call held in alice's warm pool through replica a (plain JSON-RPC, so that it can be
+    // cancelled by its request id).
+    let http = reqwest::Client::new();
+    let post = |base: &str, body: Value| {
+        http.post(format!("{base}/mcp"))
+            .bearer_auth(env.token(User::Alice))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string())
+            .send()
+    };
+    let held = tokio::spawn(post(
+        &a.base,
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+               "params": {"name": "hang_pool", "arguments": {"seconds": 600}}}),
+    ));
+    toolyard_tests::wait_until(
+        std::time::Duration::from_secs(30),
+        "replica b sees alice's pool call on a",
+        seen_by_b(1),
+    )
+    .await
+    .expect("the load Lease");
+    let on_b = b.client(User::Alice).await;
+    let args = |v: Value| v.as_object().expect("object").clone();
+    let echo_call = || rmcp::model::CallToolRequestParams::new("echo_pool").with_arguments(args(json!({"value": 1})));
+    match on_b.call_tool(echo_call()).await.expect_err("busy on the other replica") {
+        rmcp::ServiceError::McpError(e) => {
+            assert_eq!(e.code, toolyard_gateway::mcp::errors::SERVER_BUSY);
+            assert!(e.message.contains("too many concurrent calls for this user"), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    let cancelled =
+        post(&a.base, json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5}}))
+            .await
+            .expect("POST");
+    assert_eq!(cancelled.status(), 202);
+    let body = held.await.expect("join").expect("response").text().await.expect("body");
+    assert!(body.contains("cancelled"), "{body}");
+    toolyard_tests::wait_until(std::time::Duration::from_secs(30), "replica b sees the pool call end", seen_by_b(0))
+        .await
+        .expect("the load Lease");
+    let r = on_b.call_tool(echo_call()).await.expect("the call on b");
+    assert_eq!(r.structured_content, Some(json!({"value": 1})), "{}", text_of(&r));
+    on_b.cancel().await.ok();
+}

@@ -37,6 +37,7 @@ use toolyard_api::toolcall::{InputRef, ResultSummary};
 use toolyard_api::{GATEWAY_MANAGER, OwnerKey, ToolCall, ToolCallSpec};
 
 use super::events::{self, ProgressHub};
+use super::load::{LoadSettings, PoolLoad};
 use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
 use super::running::{REPLICA_LABEL, RunningElsewhere};
 use super::{CallRequest, Executor, ResultRecorder};
@@ -67,11 +68,18 @@ pub struct KubeExecutorSettings {
     pub recheck: Duration,
     /// Timeout of single apiserver requests made by the executor.
     pub api_timeout: Duration,
+    /// Where this replica publishes its pool calls in flight ([`PoolLoad`]).
+    pub load: LoadSettings,
 }
 
 impl Default for KubeExecutorSettings {
     fn default() -> Self {
-        Self { grace: Duration::from_secs(15), recheck: Duration::from_secs(15), api_timeout: Duration::from_secs(10) }
+        Self {
+            grace: Duration::from_secs(15),
+            recheck: Duration::from_secs(15),
+            api_timeout: Duration::from_secs(10),
+            load: LoadSettings::default(),
+        }
     }
 }
 
@@ -165,6 +173,7 @@ pub struct KubeExecutor {
     store: Arc<dyn ArtifactStore>,
     waiters: Arc<Waiters>,
     running: Arc<RunningElsewhere>,
+    load: Arc<PoolLoad>,
     pool: PoolClient,
     records: CallRecords,
     signing_key: Option<SigningKey>,
@@ -180,8 +189,9 @@ impl std::fmt::Debug for KubeExecutor {
 }
 
 impl KubeExecutor {
-    /// Starts the shared ToolCall watch over `namespaces` (stopped by `shutdown`).
-    /// `signing_key` signs Pool-mode call tokens (pool calls fail clearly without it).
+    /// Starts the shared ToolCall watch over `namespaces` and this replica's [`PoolLoad`]
+    /// (stopped by `shutdown`). `signing_key` signs Pool-mode call tokens (pool calls fail
+    /// clearly without it).
     pub fn start(
         client: Client,
         store: Arc<dyn ArtifactStore>,
@@ -192,7 +202,10 @@ impl KubeExecutor {
         shutdown: CancellationToken,
     ) -> Self {
         let waiters = Arc::new(Waiters::default());
-        let running = Arc::new(RunningElsewhere::new(format!("gw-{}", crate::core::ids::random_hex12())));
+        let replica = format!("gw-{}", crate::core::ids::random_hex12());
+        let running = Arc::new(RunningElsewhere::new(replica.clone()));
+        let load = PoolLoad::new(replica);
+        load.start(client.clone(), settings.load.clone(), shutdown.clone());
         for (stream, api) in namespaces.apis::<ToolCall>(&client).into_iter().enumerate() {
             let waiters = waiters.clone();
             let running = running.clone();
@@ -229,6 +242,7 @@ impl KubeExecutor {
             store,
             waiters,
             running,
+            load,
             pool,
             records,
             signing_key,
@@ -372,6 +386,7 @@ impl KubeExecutor {
             return Err(Error::Unavailable("pool calls need the token signing key (--token-key-file)".into()));
         };
         let pool_key = key.derive(&key_purpose(&tool.namespace, &tool.object_name));
+        let _counted = self.load.enter(&request.caller.owner_key());
         let target =
             PoolTarget { endpoint: &endpoint, key: &pool_key, namespace: &tool.namespace, grace: self.settings.grace };
         run_pool_call(&self.pool, &self.records, target, request).await
@@ -395,7 +410,7 @@ impl Executor for KubeExecutor {
     }
 
     fn running_elsewhere(&self, owner: &OwnerKey) -> usize {
-        self.running.of(owner)
+        self.running.of(owner) + self.load.elsewhere(owner)
     }
 
     async fn flush(&self) {

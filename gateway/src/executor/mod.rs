@@ -14,6 +14,7 @@ use crate::identity::Identity;
 
 pub mod events;
 pub mod kube;
+pub mod load;
 pub mod local;
 pub mod pool;
 pub mod running;

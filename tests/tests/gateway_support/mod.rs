@@ -36,6 +36,7 @@ use toolyard_gateway::auth::{AuthArgs, AuthMetrics};
 use toolyard_gateway::authz::{AuthzMetrics, SarAuthorizer, SarSettings};
 use toolyard_gateway::catalog::kube::{KubeCatalog, Namespaces};
 use toolyard_gateway::executor::kube::{KubeExecutor, KubeExecutorSettings, KubeResultRecorder};
+use toolyard_gateway::executor::load::LoadSettings;
 use toolyard_gateway::executor::pool::PoolClient;
 use toolyard_gateway::internal::InternalLimits;
 use toolyard_gateway::metrics::Metrics;
@@ -193,6 +194,8 @@ pub async fn grant_platform(ns: &str) {
             rule(&["toolyard.dev"], &["toolcalls/status"], &["patch"]),
             rule(&["toolyard.dev"], &["codingtasks"], &["create", "get", "list", "watch", "patch"]),
             rule(&["toolyard.dev"], &["codingtasks/status"], &["patch"]),
+            // Each replica's warm-pool calls in flight (executor::load).
+            rule(&["coordination.k8s.io"], &["leases"], &["create", "get", "list", "watch", "patch", "delete"]),
         ],
         vec![user_subject(User::Gateway.name())],
     )
@@ -213,6 +216,7 @@ pub async fn grant_platform(ns: &str) {
     wait_allowed(gw, &[], ns, "toolyard.dev", "toolcalls", "create", None).await;
     wait_allowed(gw, &[], ns, "toolyard.dev", "mcptools", "watch", None).await;
     wait_allowed(gw, &[], ns, "toolyard.dev", "codingtasks", "watch", None).await;
+    wait_allowed(gw, &[], ns, "coordination.k8s.io", "leases", "watch", None).await;
     wait_allowed(User::Controller.name(), &[], ns, "toolyard.dev", "toolcalls", "watch", None).await;
     wait_allowed(User::Controller.name(), &[], ns, "toolyard.dev", "mcptools", "get", None).await;
 }
@@ -374,7 +378,12 @@ impl Gateway {
             &ns,
             Some(signing_key()),
             PoolClient::new(Duration::from_secs(2)).expect("pool client"),
-            KubeExecutorSettings { grace: options.call_grace, recheck: Duration::from_secs(5), ..Default::default() },
+            KubeExecutorSettings {
+                grace: options.call_grace,
+                recheck: Duration::from_secs(5),
+                load: LoadSettings::new(&namespaces[0]),
+                ..Default::default()
+            },
             background.clone(),
         );
         let authorizer = SarAuthorizer::new(client.clone(), SarSettings::default(), AuthzMetrics::default());
