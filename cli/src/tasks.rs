@@ -1,6 +1,6 @@
 //! `toolyard tasks` and `toolyard artifacts`: your coding tasks, their results and files,
 //! through the gateway's task tools (`list_tasks`, `get_task_result`, `cancel_task`,
-//! `list_artifacts`, `read_artifact`).
+//! `delete_task`, `list_artifacts`, `read_artifact`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -25,6 +25,9 @@ pub struct TasksArgs {
     /// With a task id: cancel the task
     #[arg(long, conflicts_with = "wait")]
     pub cancel: bool,
+    /// With a task id: delete the finished task and every file it stored
+    #[arg(long, conflicts_with_all = ["wait", "cancel"])]
+    pub delete: bool,
     /// Without a task id: only tasks with this status (pending, running, success, failed, timed_out, cancelled)
     #[arg(long)]
     pub status: Option<String>,
@@ -87,6 +90,11 @@ pub async fn tasks(conn: &Connection, args: TasksArgs) -> Result<u8> {
                     );
                 }
             }
+            0
+        }
+        Some(id) if args.delete => {
+            let answer = builtin(&client, "delete_task", json!({"task_id": id})).await?;
+            println!("{id}: deleted ({} files)", answer["files"].as_u64().unwrap_or_default());
             0
         }
         Some(id) if args.cancel => {

@@ -398,7 +398,7 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     leases.delete(&own, &DeleteParams::default()).await.expect("and deletes it");
 
     // The gateway's RBAC, as installed: what it needs and nothing else (no Jobs, no pods, no
-    // Secrets but the API key Secret, no writes to McpTools, no deletes).
+    // Secrets but the API key Secret, no writes to McpTools, deletes of runs only).
     let gateway_user = format!("system:serviceaccount:{release_ns}:{release}-toolyard-gateway");
     let (tc, ct, mt) = ("toolcalls", "codingtasks", "mcptools");
     for (ns, verb, group, resource, name, expected) in [
@@ -413,8 +413,8 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
         (&String::new(), "create", "authorization.k8s.io", "subjectaccessreviews", "", true),
         (&served, "create", "toolyard.dev", mt, "", false),
         (&served, "patch", "toolyard.dev", mt, "", false),
-        (&served, "delete", "toolyard.dev", tc, "", false),
-        (&served, "delete", "toolyard.dev", ct, "", false),
+        (&served, "delete", "toolyard.dev", tc, "", true),
+        (&served, "delete", "toolyard.dev", ct, "", true),
         (&served, "create", "batch", "jobs", "", false),
         (&served, "list", "", "pods", "", false),
         (&served, "get", "", "secrets", "", false),

@@ -196,6 +196,11 @@ async fn pricing_task_computes_saves_and_reads_back_its_scenarios_on_the_embedde
     assert_eq!(rows.len(), 3, "{rows:?}");
     let unknown = toolyard(&gateway.url, TOKEN, &["tasks", "no-such-task"]).await;
     assert_ne!(unknown.code, 0, "{unknown:?}");
+    let deleted = toolyard(&gateway.url, TOKEN, &["tasks", task, "--delete"]).await;
+    assert_eq!(deleted.code, 0, "{deleted:?}");
+    assert!(deleted.stdout.starts_with(&format!("{task}: deleted (")), "{}", deleted.stdout);
+    let gone = toolyard(&gateway.url, TOKEN, &["tasks", task]).await;
+    assert!(gone.code != 0 && gone.stderr.contains("no such task"), "{gone:?}");
 
     // `check` sees the profile from the gateway, and the storage it writes.
     let check = toolyard(&gateway.url, TOKEN, &["check", "--require-agent"]).await;
@@ -306,6 +311,9 @@ async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     wait_for_requests(&model, before + 1, Duration::from_secs(60)).await.expect("the agent asks the model");
     let running = ok(&call(&client, "list_tasks", json!({"status": "running"})).await);
     let task = running["tasks"][0]["task_id"].as_str().expect("a running task").to_owned();
+    let refused = call(&client, "delete_task", json!({"task_id": task})).await;
+    assert_eq!(refused.is_error, Some(true));
+    assert!(text_of(&refused).contains("stop it with cancel_task, then delete it"), "{}", text_of(&refused));
     let cancelled = ok(&call(&client, "cancel_task", json!({"task_id": task})).await);
     assert_eq!(cancelled["cancel_requested"], true, "{cancelled}");
     let result = tokio::time::timeout(Duration::from_secs(60), waiting).await.expect("the wait ends").expect("join");
@@ -318,8 +326,22 @@ async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     let again = ok(&call(&client, "cancel_task", json!({"task_id": task})).await);
     assert_eq!((again["status"].as_str(), again["cancel_requested"].as_bool()), (Some("cancelled"), Some(false)));
 
+    // A finished task is deleted by its owner: its record and every file, in the data folder.
+    let folder = data
+        .path()
+        .join("owners")
+        .join(toolyard_api::OwnerKey::derive("apikey", "local").as_str())
+        .join("tasks")
+        .join(&task);
+    assert!(folder.exists(), "{}", folder.display());
+    let deleted = ok(&call(&client, "delete_task", json!({"task_id": task})).await);
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    assert!(!folder.exists(), "{} is gone", folder.display());
+    let listed = ok(&call(&client, "list_tasks", json!({})).await);
+    assert!(!listed.to_string().contains(&task), "{listed}");
+
     // Unknown ids answer alike, whatever the tool.
-    for tool in ["get_task_result", "cancel_task", "list_artifacts"] {
+    for tool in ["get_task_result", "cancel_task", "list_artifacts", "delete_task"] {
         let r = call(&client, tool, json!({"task_id": "task-000000000000"})).await;
         assert_eq!((r.is_error, text_of(&r)), (Some(true), "no such task: \"task-000000000000\"".to_owned()), "{tool}");
     }

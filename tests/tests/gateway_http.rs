@@ -294,8 +294,16 @@ async fn the_direct_path_answers_exactly_as_rmcp_does() {
             let direct = post_with(&url, &token, "application/json, text/event-stream", version, request).await;
             let rmcp = post_with(&url, &token, "application/json;q=1, text/event-stream", version, request).await;
             assert_eq!(direct.0, rmcp.0, "status of {request} ({version:?}): {} vs {}", direct.1, rmcp.1);
-            // JSON answers compare as JSON (key order aside), anything else as text.
-            let parse = |body: &str| serde_json::from_str::<Value>(body).unwrap_or_else(|_| Value::String(body.into()));
+            // JSON answers compare as JSON (key order aside), anything else as text; each call
+            // has its own id (checked to be there, then left out).
+            let parse = |body: &str| {
+                let mut v = serde_json::from_str::<Value>(body).unwrap_or_else(|_| Value::String(body.into()));
+                if let Some(meta) = v.pointer_mut("/result/_meta").and_then(Value::as_object_mut) {
+                    let id = meta.remove(toolyard_gateway::mcp::CALL_ID_META);
+                    assert!(id.as_ref().is_some_and(Value::is_string), "a call id: {body}");
+                }
+                v
+            };
             assert_eq!(parse(&direct.1), parse(&rmcp.1), "{request} ({version:?})");
         }
     }

@@ -89,7 +89,8 @@ async fn wait_tools(
     want.sort();
     let mut last = Vec::new();
     for _ in 0..100 {
-        last = Gateway::listed(client).await;
+        // The registered tools (delete_call comes with them).
+        last = Gateway::listed(client).await.into_iter().filter(|n| n != "delete_call").collect();
         if last == want {
             return;
         }
@@ -108,7 +109,7 @@ async fn lists_ready_tools_with_their_schemas_and_calls_one_through_a_toolcall()
 
     let tools = client.list_all_tools().await.expect("tools/list");
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["calc_greeks", "price_option"], "only Ready tools, sorted");
+    assert_eq!(names, ["calc_greeks", "delete_call", "price_option"], "only Ready tools, sorted, and delete_call");
     let price = tools.iter().find(|t| t.name == "price_option").expect("price_option");
     assert_eq!(price.title.as_deref(), Some("Tool price_option"));
     assert_eq!(price.description.as_deref(), Some("Test tool price_option"));
@@ -228,7 +229,7 @@ async fn unknown_and_unauthorized_tools_answer_identically() {
     assert!(toolcalls(&ns).await.is_empty());
     // alice, who may, can.
     let alice = gw.client(User::Alice).await;
-    assert_eq!(Gateway::listed(&alice).await, ["secret_tool"]);
+    assert_eq!(Gateway::listed(&alice).await, ["delete_call", "secret_tool"]);
     let r = alice.call_tool(call("secret_tool", json!({"x": 2}))).await.expect("alice calls");
     assert_eq!(r.is_error, Some(false));
     bob.cancel().await.ok();
@@ -292,7 +293,7 @@ async fn new_and_deleted_tools_show_up_and_modern_clients_are_notified() {
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
     let client = gw.modern_client(User::Alice).await;
     assert_eq!(client.peer_info().map(|i| i.protocol_version.clone()), Some(ProtocolVersion::V_2026_07_28));
-    assert_eq!(Gateway::listed(&client).await, ["first"]);
+    assert_eq!(Gateway::listed(&client).await, ["delete_call", "first"]);
     let mut subscription =
         client.listen(SubscriptionFilter::builder().tools_list_changed().build()).await.expect("subscriptions/listen");
     create_tool(&ns, "second", spec("second", 60), true).await;
@@ -319,7 +320,7 @@ async fn both_protocol_revisions_list_and_call() {
     ] {
         let client = gw.client_at(&gw.mcp_url(), User::Alice, mode).await;
         assert_eq!(client.peer_info().map(|i| i.protocol_version.clone()), Some(version.clone()));
-        assert_eq!(Gateway::listed(&client).await, ["echo"], "{version:?}");
+        assert_eq!(Gateway::listed(&client).await, ["delete_call", "echo"], "{version:?}");
         let r = client.call_tool(call("echo", json!({"x": 7}))).await.expect("call");
         assert_eq!(r.structured_content, Some(json!({"echo": {"x": 7}})), "{version:?}");
         client.cancel().await.ok();
@@ -348,7 +349,7 @@ async fn large_catalogs_are_paginated_and_toolsets_have_their_own_endpoint() {
     let first = client.list_tools(None).await.expect("first page");
     assert_eq!(first.tools.len(), 2);
     assert!(first.next_cursor.is_some());
-    assert_eq!(Gateway::listed(&client).await, ["tool_0", "tool_1", "tool_2", "tool_3", "tool_4"]);
+    assert_eq!(Gateway::listed(&client).await, ["delete_call", "tool_0", "tool_1", "tool_2", "tool_3", "tool_4"]);
 
     let toolset =
         gw.client_at(&format!("{}/toolsets/even/mcp", gw.base), User::Alice, ClientLifecycleMode::Initialize).await;
@@ -595,4 +596,118 @@ async fn a_tasks_artifacts_are_capped_in_number_and_bytes() {
     assert!(body.contains("more than the 100 a task may keep"), "{body}");
     let files = gw.store.list(&owner.key(), &format!("tasks/{}/outputs/", task.id)).await.expect("list");
     assert_eq!(files.iter().map(|f| f.size).collect::<Vec<_>>(), [40, 60], "{files:?}");
+}
+
+/// A user deletes their own finished calls and tasks: the ToolCall or CodingTask and every
+/// stored file. A running one is refused; another user's, or an unknown id, reads as no such
+/// call or task.
+#[tokio::test]
+async fn users_delete_their_own_finished_calls_and_tasks() {
+    let ns = setup("gwdelete", &[("held", "held", 300)]).await;
+    grant_call(&ns, "bob-calls", &[], &["bob"], &[]).await;
+    gateway_support::apply_role(
+        &ns,
+        "alice-tasks",
+        vec![
+            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
+            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
+        ],
+        vec![gateway_support::user_subject("alice")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "codingtasks", "create", None).await;
+    gateway_support::wait_allowed("bob", &[], &ns, "toolyard.dev", "mcptools", "call", Some("held")).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    let release = Arc::new(Notify::new());
+    platform.set("held", Behaviour::HoldThenEcho(release.clone()));
+    let alice = Arc::new(gw.client(User::Alice).await);
+    let bob = gw.client(User::Bob).await;
+    let ok = |r: &rmcp::model::CallToolResult| {
+        assert_ne!(r.is_error, Some(true), "{}", text_of(r));
+        r.structured_content.clone().expect("structured")
+    };
+
+    // A call: refused while it runs, then deleted with its ToolCall and files.
+    let running = {
+        let alice = alice.clone();
+        tokio::spawn(async move { alice.call_tool(call("held", json!({"x": 1}))).await })
+    };
+    let seen = platform.next().await.call;
+    let id = seen.metadata.name.clone().expect("name");
+    let owner = seen.spec.owner.clone();
+    let key = OwnerKey::derive(&owner.issuer, &owner.user);
+    let r = alice.call_tool(call("delete_call", json!({"call_id": id}))).await.expect("delete_call");
+    assert_eq!(r.is_error, Some(true));
+    assert!(text_of(&r).contains("is still running"), "{}", text_of(&r));
+    release.notify_one();
+    let result = running.await.expect("join").expect("the call");
+    assert_eq!(result.is_error, Some(false));
+    let meta = result.meta.expect("the result's _meta");
+    assert_eq!(meta.0.get(toolyard_gateway::mcp::CALL_ID_META), Some(&json!(id)), "the call id");
+    let folder = format!("calls/{id}/");
+    wait_until(Duration::from_secs(30), "the call to finish", || async {
+        let finished = toolcalls(&ns).await.iter().any(|c| {
+            c.metadata.name.as_deref() == Some(id.as_str())
+                && c.status.as_ref().is_some_and(|s| toolyard_api::conditions::is_finished(&s.conditions))
+        });
+        Ok(finished)
+    })
+    .await
+    .expect("finished");
+    assert!(!gw.store.list(&key, &folder).await.expect("list").is_empty());
+    let r = bob.call_tool(call("delete_call", json!({"call_id": id}))).await.expect("bob's delete_call");
+    assert_eq!(text_of(&r), format!("no such call: {id:?}"), "another user's call is unknown to bob");
+    assert!(toolcalls(&ns).await.iter().any(|c| c.metadata.name.as_deref() == Some(&id)), "bob deleted nothing");
+    let deleted = ok(&alice.call_tool(call("delete_call", json!({"call_id": id}))).await.expect("delete_call"));
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    assert!(deleted["files"].as_u64().unwrap_or_default() >= 2, "input and result at least: {deleted}");
+    assert!(gw.store.list(&key, &folder).await.expect("list").is_empty());
+    assert!(!toolcalls(&ns).await.iter().any(|c| c.metadata.name.as_deref() == Some(&id)), "the ToolCall is gone");
+    for unknown in [id.as_str(), "no-such-000000000000", "../x"] {
+        let r = alice.call_tool(call("delete_call", json!({"call_id": unknown}))).await.expect("delete_call");
+        assert_eq!(text_of(&r), format!("no such call: {unknown:?}"));
+    }
+
+    // A task: refused until it has finished, then deleted with its CodingTask and files.
+    let (task, _) = task_of(&gw, &ns, &owner).await;
+    let id = task.id.to_string();
+    gw.store
+        .put(&key, &format!("tasks/{id}/outputs/scenarios.csv"), bytes::Bytes::from_static(b"spot,price\n"))
+        .await
+        .expect("an artifact");
+    let r = alice.call_tool(call("delete_task", json!({"task_id": id}))).await.expect("delete_task");
+    assert_eq!(r.is_error, Some(true));
+    assert!(text_of(&r).contains("stop it with cancel_task, then delete it"), "{}", text_of(&r));
+    let tasks: Api<toolyard_api::CodingTask> = Api::namespaced(TestEnv::get().client(User::Admin).await, &ns);
+    let finished = json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
+        "status": {"conditions": [toolyard_api::conditions::succeeded("done", None)]}
+    });
+    tasks
+        .patch_status(
+            &id,
+            &kube::api::PatchParams::apply(toolyard_api::CONTROLLER_MANAGER).force(),
+            &kube::api::Patch::Apply(&finished),
+        )
+        .await
+        .expect("the task finishes");
+    let backend = gw.state.tasks.clone().expect("task backend");
+    wait_until(Duration::from_secs(30), "the gateway sees the task finish", || {
+        let backend = backend.clone();
+        let key = key.clone();
+        let id = task.id.clone();
+        async move { Ok(backend.get(&key, &id).await?.is_some_and(|t| t.phase.is_finished())) }
+    })
+    .await
+    .expect("watch");
+    let deleted = ok(&alice.call_tool(call("delete_task", json!({"task_id": id}))).await.expect("delete_task"));
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    assert!(deleted["files"].as_u64().unwrap_or_default() >= 1, "{deleted}");
+    assert!(gw.store.list(&key, &format!("tasks/{id}/")).await.expect("list").is_empty(), "no file is left");
+    assert!(tasks.get_opt(&id).await.expect("get").is_none(), "the CodingTask is gone");
+    let r = alice.call_tool(call("delete_task", json!({"task_id": id}))).await.expect("delete_task");
+    assert_eq!(text_of(&r), format!("no such task: {id:?}"));
+    let listed = ok(&alice.call_tool(call("list_tasks", json!({}))).await.expect("list_tasks"));
+    assert!(!listed.to_string().contains(&id), "{listed}");
 }

@@ -66,8 +66,11 @@ async fn the_official_python_sdk_lists_and_calls_tools_in_both_protocol_eras() {
         assert_eq!(seen["protocol"], protocol, "{mode}");
         assert_eq!(
             seen["tools"],
-            json!([{"name": "price_option", "required": ["x"], "title": "Tool price_option"}]),
-            "{mode}: only the granted tool is listed"
+            json!([
+                {"name": "delete_call", "required": ["call_id"], "title": "Delete a call"},
+                {"name": "price_option", "required": ["x"], "title": "Tool price_option"}
+            ]),
+            "{mode}: only the granted tool is listed (and delete_call, for its calls)"
         );
         assert_eq!(seen["result"]["isError"], false, "{mode}: {seen}");
         assert_eq!(seen["result"]["structuredContent"], json!({"echo": {"x": 2.5}}), "{mode}");

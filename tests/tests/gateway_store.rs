@@ -111,6 +111,17 @@ async fn suite(store: &dyn ArtifactStore) {
     store.put(&bob, "calls/secret/input.json", Bytes::from_static(b"bob")).await.expect("put");
     let attempt = format!("../{bob}/calls/secret/input.json");
     assert!(store.get(&alice, &attempt).await.is_err());
+
+    // Deleting a folder: everything under it, nothing beside it (t10 is not in t1), nobody
+    // else's; again it finds nothing; traversal and file paths are refused.
+    assert_eq!(store.delete_folder(&alice, "tasks/t1/").await.expect("delete"), 4);
+    assert!(store.list(&alice, "tasks/t1/").await.expect("list").is_empty());
+    assert_eq!(store.get(&alice, "tasks/t10/result.json").await.expect("get"), Some(Bytes::from_static(b"{}")));
+    assert_eq!(store.delete_folder(&alice, "tasks/t1/").await.expect("delete again"), 0);
+    for bad in ["../", &format!("../{bob}/calls/"), "calls/c2/input.json", "", "/calls/"] {
+        assert!(store.delete_folder(&alice, bad).await.is_err(), "delete {bad:?}");
+    }
+    assert_eq!(store.get(&bob, "calls/secret/input.json").await.expect("get"), Some(Bytes::from_static(b"bob")));
 }
 
 #[tokio::test]
@@ -193,6 +204,11 @@ async fn folder_store_never_follows_links_out_of_its_root() {
         ],
         "links are not listed"
     );
+    // Deleting a folder with a link inside removes the link, never what it points to; a
+    // folder reached through a link is refused.
+    assert_eq!(store.delete_folder(&alice, "calls/c2/").await.expect("delete"), 1);
+    assert!(!owner_dir.join("calls/c2").exists());
+    assert!(store.delete_folder(&alice, "tasks/").await.is_err());
     assert_eq!(std::fs::read(outside.join("secret.txt")).expect("read"), b"top secret");
 }
 

@@ -289,3 +289,24 @@ async fn a_hanging_tool_times_out_at_its_deadline_and_its_process_group_is_gone(
     assert!(!local::pid_alive(child), "the tool's child process {child} still runs");
     local.gateway.shutdown().await.unwrap();
 }
+
+/// A finished call's files are deleted by its owner with `delete_call`, named by the id in the
+/// result's `_meta`; a second delete, or an id that is no call, answers "no such call".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_call_is_deleted_with_its_files() {
+    let local = Local::start("examples/pricing").await;
+    let priced = local.call("price_option", ATM()).await;
+    structured(&priced);
+    let meta = priced.meta.clone().expect("_meta");
+    let id = meta.0[toolyard_gateway::mcp::CALL_ID_META].as_str().expect("the call id").to_owned();
+    let folder = local.call_folder(&id);
+    finished_call_events(&folder).await;
+    let deleted = structured(&local.call("delete_call", json!({"call_id": id})).await);
+    assert_eq!(deleted["deleted"], true, "{deleted}");
+    assert!(deleted["files"].as_u64().unwrap_or_default() >= 3, "input, result and events: {deleted}");
+    assert!(!folder.exists(), "{} is gone", folder.display());
+    for unknown in [id.as_str(), "price-option-000000000000", "../../etc"] {
+        let again = local.call("delete_call", json!({"call_id": unknown})).await;
+        assert_eq!((again.is_error, text_of(&again)), (Some(true), format!("no such call: {unknown:?}")));
+    }
+}

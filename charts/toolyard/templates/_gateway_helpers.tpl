@@ -17,7 +17,8 @@ namespace and never touches Jobs or pods.
   verbs: ["get", "list", "watch"]
 - apiGroups: ["toolyard.dev"]
   resources: ["toolcalls", "codingtasks"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  # delete: a user's delete_call and delete_task (of their own finished runs).
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["toolyard.dev"]
   resources: ["toolcalls/status", "codingtasks/status"]
   verbs: ["patch"]

@@ -40,7 +40,7 @@ use super::events::{self, ProgressHub};
 use super::load::{LoadSettings, PoolLoad};
 use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
 use super::running::{REPLICA_LABEL, RunningElsewhere};
-use super::{CallRequest, Executor, ResultRecorder};
+use super::{CallRequest, Executor, Forgotten, ResultRecorder};
 use crate::catalog::kube::Namespaces;
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
@@ -411,6 +411,34 @@ impl Executor for KubeExecutor {
 
     fn running_elsewhere(&self, owner: &OwnerKey) -> usize {
         self.running.of(owner) + self.load.elsewhere(owner)
+    }
+
+    /// Finds the caller's ToolCall named `id` in the served namespaces; deletes it when it
+    /// has finished. Pool calls have no ToolCall.
+    async fn forget(&self, owner: &OwnerKey, id: &RunId) -> Result<Forgotten> {
+        let params = kube::api::ListParams::default()
+            .labels(&format!("{OWNER_LABEL}={owner}"))
+            .fields(&format!("metadata.name={id}"));
+        let mut found = Forgotten::Nothing;
+        for api in self.namespaces.apis::<ToolCall>(&self.client) {
+            for call in self.with_timeout(api.list(&params)).await?.items {
+                if call.spec.owner.key() != *owner {
+                    continue;
+                }
+                if finished_condition(&call).is_none() {
+                    return Ok(Forgotten::Running);
+                }
+                let namespaced: Api<ToolCall> =
+                    Api::namespaced(self.client.clone(), &call.namespace().unwrap_or_default());
+                match self.with_timeout(namespaced.delete(id.as_str(), &Default::default())).await {
+                    Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {}
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
+                }
+                found = Forgotten::Removed;
+            }
+        }
+        Ok(found)
     }
 
     async fn flush(&self) {

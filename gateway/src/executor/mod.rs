@@ -72,6 +72,14 @@ pub trait Executor: Send + Sync + 'static {
         0
     }
 
+    /// Removes what the platform keeps of call `id` of `owner` besides its files (its
+    /// ToolCall on Kubernetes), for `delete_call`. Executors that keep nothing have nothing
+    /// to remove.
+    async fn forget(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<Forgotten> {
+        let _ = (owner, id);
+        Ok(Forgotten::Nothing)
+    }
+
     /// Waits until work the executor finishes after answering (pool calls' files) is done.
     /// Called at shutdown, once no new calls arrive.
     async fn flush(&self) {}
@@ -81,6 +89,17 @@ pub trait Executor: Send + Sync + 'static {
     fn progress_hub(&self) -> Option<Arc<events::ProgressHub>> {
         None
     }
+}
+
+/// What [`Executor::forget`] found of a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Forgotten {
+    /// The call is still running: nothing was removed.
+    Running,
+    /// Its run state was removed.
+    Removed,
+    /// The platform kept nothing of it (besides files).
+    Nothing,
 }
 
 /// Records a call's result where the platform keeps run state (the ToolCall's `status.result`

@@ -369,6 +369,9 @@ mod tests {
         async fn list(&self, _: &OwnerKey, _: &str) -> Result<Vec<ObjectInfo>> {
             unimplemented!("not used")
         }
+        async fn delete_folder(&self, _: &OwnerKey, _: &str) -> Result<usize> {
+            unimplemented!("not used")
+        }
         async fn health(&self) -> Result<()> {
             Ok(())
         }

@@ -1,9 +1,10 @@
 //! The built-in tools of `/mcp`: coding tasks (`run_coding_task`, `get_task_result`,
-//! `list_tasks`, `cancel_task`), their files (`list_artifacts`, `read_artifact`) and
-//! `tool_search`.
+//! `list_tasks`, `cancel_task`, `delete_task`), their files (`list_artifacts`,
+//! `read_artifact`), `tool_search`, and `delete_call` for the caller's stored calls.
 //!
-//! Where they appear: they are the coding-task surface, so only on `/mcp` (a toolset endpoint
-//! serves exactly its toolset's tools), only on a gateway with a task backend, and only for
+//! Where they appear: only on `/mcp` (a toolset endpoint serves exactly its toolset's tools).
+//! `delete_call` is there for every caller who may call some tool there (or start coding
+//! tasks): their calls are stored. The others are the coding-task surface: only on a gateway with a task backend, and only for
 //! callers allowed to start coding tasks (`create codingtasks`, or `codingTasks: true` in
 //! the local policy). For anyone else they are absent from `tools/list` and calling one
 //! answers like an unknown tool, as for any tool the caller may not call. A registered
@@ -30,6 +31,10 @@ pub enum Builtin {
     ListTasks,
     /// Stop a task.
     CancelTask,
+    /// Delete a finished task and its files.
+    DeleteTask,
+    /// Delete a finished call's files.
+    DeleteCall,
     /// A task's files.
     ListArtifacts,
     /// A chunk of one file of a task.
@@ -40,8 +45,10 @@ pub enum Builtin {
 
 impl Builtin {
     /// Every built-in.
-    pub const ALL: [Builtin; 7] = [
+    pub const ALL: [Builtin; 9] = [
         Builtin::CancelTask,
+        Builtin::DeleteCall,
+        Builtin::DeleteTask,
         Builtin::GetTaskResult,
         Builtin::ListArtifacts,
         Builtin::ListTasks,
@@ -57,10 +64,17 @@ impl Builtin {
             Builtin::GetTaskResult => "get_task_result",
             Builtin::ListTasks => "list_tasks",
             Builtin::CancelTask => "cancel_task",
+            Builtin::DeleteTask => "delete_task",
+            Builtin::DeleteCall => "delete_call",
             Builtin::ListArtifacts => "list_artifacts",
             Builtin::ReadArtifact => "read_artifact",
             Builtin::ToolSearch => "tool_search",
         }
+    }
+
+    /// Whether the built-in belongs to the coding-task surface (see the module docs).
+    pub fn is_task_tool(self) -> bool {
+        self != Builtin::DeleteCall
     }
 
     /// The built-in called `name`.
@@ -79,7 +93,7 @@ impl Builtin {
             .with_annotations(ToolAnnotations::from_raw(
                 None,
                 Some(read_only),
-                Some(self == Builtin::CancelTask),
+                Some(matches!(self, Builtin::CancelTask | Builtin::DeleteTask | Builtin::DeleteCall)),
                 Some(read_only),
                 Some(self == Builtin::RunCodingTask),
             ))
@@ -198,6 +212,25 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
             json!({"type": "object", "properties": {"task_id": task_id_schema()}, "required": ["task_id"], "additionalProperties": false}),
             json!({"type": "object", "properties": {"task_id": {"type": "string"}, "status": {"type": "string"},
                 "cancel_requested": {"type": "boolean"}}, "required": ["task_id", "status", "cancel_requested"]}),
+            false,
+        ),
+        Builtin::DeleteTask => (
+            "Delete a task",
+            "Deletes one of your finished coding tasks: its record and every file it stored (result, events, \
+             artifacts). A task still running must be stopped with cancel_task first. This cannot be undone.",
+            json!({"type": "object", "properties": {"task_id": task_id_schema()}, "required": ["task_id"], "additionalProperties": false}),
+            json!({"type": "object", "properties": {"task_id": {"type": "string"}, "deleted": {"type": "boolean"},
+                "files": {"type": "integer"}}, "required": ["task_id", "deleted", "files"]}),
+            false,
+        ),
+        Builtin::DeleteCall => (
+            "Delete a call",
+            "Deletes what is stored of one of your finished tool calls: its input, result, logs and events. The \
+             call id is in each tool result's `_meta` (`toolyard.dev/callId`). This cannot be undone.",
+            json!({"type": "object", "properties": {"call_id": {"type": "string", "minLength": 1, "maxLength": 63,
+                "description": "The call id (from a tool result's _meta)."}}, "required": ["call_id"], "additionalProperties": false}),
+            json!({"type": "object", "properties": {"call_id": {"type": "string"}, "deleted": {"type": "boolean"},
+                "files": {"type": "integer"}}, "required": ["call_id", "deleted", "files"]}),
             false,
         ),
         Builtin::ListArtifacts => (

@@ -33,6 +33,9 @@ use toolyard_api::protocol::Progress;
 pub const SUPPORTED_PROTOCOL_VERSIONS: &[ProtocolVersion] =
     &[ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25, ProtocolVersion::V_2025_06_18];
 
+/// The `_meta` key of a tool result holding the call's id (what `delete_call` takes).
+pub const CALL_ID_META: &str = "toolyard.dev/callId";
+
 /// Most resources one subscription may watch.
 const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
 
@@ -164,10 +167,21 @@ impl McpHandler {
     /// The built-ins `who` sees on `scope` (see [`super::builtin`]): all of them on `/mcp` of a
     /// gateway with a task backend, for callers allowed to start coding tasks; none otherwise.
     async fn visible_builtins(&self, who: &Identity, scope: &Scope) -> Result<Vec<Builtin>, ErrorData> {
-        if *scope != Scope::All || !self.may_create_tasks(who).await? {
+        if *scope != Scope::All {
             return Ok(Vec::new());
         }
-        Ok(Builtin::ALL.to_vec())
+        let tasks = self.may_create_tasks(who).await?;
+        let calls = tasks || self.may_call_some_tool(who).await?;
+        Ok(Builtin::ALL.into_iter().filter(|b| if b.is_task_tool() { tasks } else { calls }).collect())
+    }
+
+    /// Whether `who` may call at least one registered tool on `/mcp` (so has calls to delete).
+    async fn may_call_some_tool(&self, who: &Identity) -> Result<bool, ErrorData> {
+        let tools: Vec<_> =
+            self.state.catalog.tools().into_iter().filter(|t| Builtin::from_name(t.name()).is_none()).collect();
+        let (first, _) =
+            self.state.access().visible(who, tools, |t| Some(t), 1).await.map_err(|e| self.platform_error(&e))?;
+        Ok(!first.is_empty())
     }
 
     async fn may_create_tasks(&self, who: &Identity) -> Result<bool, ErrorData> {
@@ -256,6 +270,8 @@ impl McpHandler {
             Builtin::GetTaskResult => tools.get_result(&arguments).await.map(Into::into),
             Builtin::ListTasks => tools.list(&arguments).await.map(Into::into),
             Builtin::CancelTask => tools.cancel(&arguments).await.map(Into::into),
+            Builtin::DeleteTask => tools.delete(&arguments).await.map(Into::into),
+            Builtin::DeleteCall => tools.delete_call(&arguments).await.map(Into::into),
             Builtin::ListArtifacts => tools.list_artifacts(&arguments).await.map(Into::into),
             Builtin::ReadArtifact => tools.read_artifact(&arguments).await.map(Into::into),
             Builtin::ToolSearch => tools.tool_search(&arguments).await.map(Into::into),
@@ -312,7 +328,13 @@ impl McpHandler {
             progress: info.progress.clone(),
         };
         match self.state.calls.call(input).await {
-            Ok(called) => Ok(convert::call_result_to_mcp(called.result)),
+            Ok(called) => {
+                let mut result = convert::call_result_to_mcp(called.result);
+                let mut meta = rmcp::model::MetaObject::new();
+                meta.0.insert(CALL_ID_META.to_owned(), called.id.as_str().into());
+                result.meta = Some(meta);
+                Ok(result)
+            }
             Err(CallError::InvalidArguments(problems)) => Ok(convert::invalid_arguments(&problems)),
             Err(CallError::UnknownTool(name)) => Err(errors::unknown_tool(&name)),
             Err(CallError::Busy(what)) => Err(errors::busy(what, self.retry_after())),

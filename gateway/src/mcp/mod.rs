@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use convert::{call_result_to_mcp, to_mcp_tool};
 pub use cursor::{decode_cursor, encode_cursor};
-pub use handler::{McpHandler, SUPPORTED_PROTOCOL_VERSIONS};
+pub use handler::{CALL_ID_META, McpHandler, SUPPORTED_PROTOCOL_VERSIONS};
 
 use crate::core::Selection;
 use crate::hosts::AllowedHosts;

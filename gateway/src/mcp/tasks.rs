@@ -25,6 +25,7 @@ use tracing::Instrument;
 use super::builtin::MAX_CHUNK;
 use super::errors;
 use crate::core::Selection;
+use crate::executor::Forgotten;
 use crate::identity::Identity;
 use crate::metrics::Rejection;
 use crate::state::AppState;
@@ -351,6 +352,51 @@ impl TaskTools<'_> {
         let asked = self.backend()?.cancel(&self.owner(), &id).await.map_err(|e| internal(self.state, &e))?;
         tracing::info!(task = %id, asked, "task cancellation requested");
         Ok(json_result(json!({"task_id": id.as_str(), "status": before.status.as_str(), "cancel_requested": asked})))
+    }
+
+    /// `delete_task(task_id)`: a finished task's record and files.
+    pub async fn delete(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
+        let raw = string_arg(args, "task_id");
+        let Some((id, _, view)) = self.find(raw).await? else { return Ok(no_such_task(raw)) };
+        if !view.status.is_final() {
+            return Ok(error_result(format!(
+                "task {:?} is {}: stop it with cancel_task, then delete it",
+                id.as_str(),
+                view.status.as_str()
+            )));
+        }
+        let owner = self.owner();
+        self.backend()?.delete(&owner, &id).await.map_err(|e| internal(self.state, &e))?;
+        let files = self
+            .state
+            .store
+            .delete_folder(&owner, &view::task_folder(&owner, &id))
+            .await
+            .map_err(|e| internal(self.state, &e))?;
+        tracing::info!(task = %id, files, "task deleted");
+        Ok(json_result(json!({"task_id": id.as_str(), "deleted": true, "files": files})))
+    }
+
+    /// `delete_call(call_id)`: a finished call's files, and its ToolCall on Kubernetes.
+    pub async fn delete_call(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
+        let raw = string_arg(args, "call_id");
+        let no_such_call = || error_result(format!("no such call: {:?}", raw.chars().take(64).collect::<String>()));
+        let Ok(id) = RunId::parse(raw) else { return Ok(no_such_call()) };
+        let owner = self.owner();
+        let folder = format!("calls/{id}/");
+        let forgotten = self.state.executor.forget(&owner, &id).await.map_err(|e| internal(self.state, &e))?;
+        if forgotten == Forgotten::Running {
+            return Ok(error_result(format!(
+                "call {:?} is still running: cancel it or let it end, then delete it",
+                id.as_str()
+            )));
+        }
+        let files = self.state.store.delete_folder(&owner, &folder).await.map_err(|e| internal(self.state, &e))?;
+        if files == 0 && forgotten == Forgotten::Nothing {
+            return Ok(no_such_call());
+        }
+        tracing::info!(call = %id, files, "call deleted");
+        Ok(json_result(json!({"call_id": id.as_str(), "deleted": true, "files": files})))
     }
 
     /// `list_tasks(status?, limit?, cursor?)`: newest first.

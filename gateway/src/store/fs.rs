@@ -275,6 +275,20 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Removes the folder `key` and everything in it (links inside are removed, never
+    /// followed); returns how many files it held.
+    fn delete_folder(&self, key: &str, owner_prefix: &str) -> Result<usize> {
+        let files = self.list(key, owner_prefix)?.len();
+        let path = self.checked_path(key)?;
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => Ok(files),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(io_error("deleting", &path, e)),
+        }
+    }
+}
+
 /// Creates `dir` and its missing parents with mode 0700.
 fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
@@ -339,6 +353,15 @@ impl ArtifactStore for FsStore {
         let key = owner_key_path(owner, folder)?;
         let owner_prefix = toolyard_api::storage::owner_prefix(owner);
         self.blocking(move |inner| inner.list(&key, &owner_prefix)).await
+    }
+
+    async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> Result<usize> {
+        let key = owner_key_path(owner, folder)?;
+        if !key.ends_with('/') {
+            return Err(Error::InvalidRequest(format!("not a folder: {folder:?}")));
+        }
+        let owner_prefix = toolyard_api::storage::owner_prefix(owner);
+        self.blocking(move |inner| inner.delete_folder(&key, &owner_prefix)).await
     }
 
     async fn health(&self) -> Result<()> {

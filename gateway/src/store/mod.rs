@@ -58,6 +58,9 @@ pub trait ArtifactStore: Send + Sync + 'static {
     async fn get_range(&self, owner: &OwnerKey, path: &str, offset: u64, len: u64) -> crate::Result<Option<Chunk>>;
     /// Lists objects under a folder (relative to the owner's prefix, ending in '/').
     async fn list(&self, owner: &OwnerKey, folder: &str) -> crate::Result<Vec<ObjectInfo>>;
+    /// Deletes every object under a folder (relative to the owner's prefix, ending in '/');
+    /// returns how many there were. Nothing there is not an error.
+    async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> crate::Result<usize>;
     /// Checks that the store is reachable (for `/readyz`).
     async fn health(&self) -> crate::Result<()>;
 }

@@ -16,6 +16,7 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use bytes::Bytes;
 use toolyard_api::OwnerKey;
 
@@ -241,6 +242,45 @@ impl ArtifactStore for S3Store {
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+
+    /// Lists the folder, then deletes its keys with DeleteObjects, 1,000 per request.
+    async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> Result<usize> {
+        let prefix = owner_key_path(owner, folder)?;
+        if !prefix.ends_with('/') {
+            return Err(Error::InvalidRequest(format!("not a folder: {folder:?}")));
+        }
+        let owner_prefix = toolyard_api::storage::owner_prefix(owner);
+        let keys: Vec<String> =
+            self.list(owner, folder).await?.into_iter().map(|o| format!("{owner_prefix}{}", o.path)).collect();
+        for batch in keys.chunks(1000) {
+            let objects = batch
+                .iter()
+                .map(|key| ObjectIdentifier::builder().key(key).build())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| storage_error("delete", &prefix, e))?;
+            let delete = Delete::builder()
+                .set_objects(Some(objects))
+                .quiet(true)
+                .build()
+                .map_err(|e| storage_error("delete", &prefix, e))?;
+            let out = self
+                .client
+                .delete_objects()
+                .bucket(&self.bucket)
+                .delete(delete)
+                .send()
+                .await
+                .map_err(|e| storage_error("delete", &prefix, e))?;
+            if let Some(failed) = out.errors().first() {
+                return Err(Error::Storage(format!(
+                    "deleting {}: {}",
+                    failed.key().unwrap_or(&prefix),
+                    failed.message().unwrap_or("refused")
+                )));
+            }
+        }
+        Ok(keys.len())
     }
 
     async fn health(&self) -> Result<()> {

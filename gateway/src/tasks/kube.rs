@@ -292,6 +292,20 @@ impl TaskBackend for KubeTasks {
         }
     }
 
+    async fn delete(&self, owner: &OwnerKey, id: &RunId) -> Result<bool> {
+        if self.get(owner, id).await?.is_none() {
+            return Ok(false);
+        }
+        match self.timed(self.api.delete(id.as_str(), &Default::default())).await {
+            Ok(_) => {
+                tracing::info!(task = %id, "CodingTask deleted");
+                Ok(true)
+            }
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     async fn for_runner(&self, namespace: &str, id: &RunId, owner: &OwnerKey) -> Result<Option<TaskRecord>> {
         Ok(self.object(namespace, id).await?.and_then(|t| record_of(&t)).filter(|r| r.owned_by(owner)))
     }

@@ -404,6 +404,10 @@ impl TaskBackend for LocalTaskBackend {
         Ok(true)
     }
 
+    async fn delete(&self, owner: &OwnerKey, id: &RunId) -> Result<bool> {
+        Ok(self.0.load(owner, id).await?.is_some())
+    }
+
     async fn for_runner(&self, namespace: &str, id: &RunId, owner: &OwnerKey) -> Result<Option<TaskRecord>> {
         if !namespace.is_empty() {
             return Ok(None);

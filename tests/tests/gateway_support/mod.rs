@@ -190,9 +190,9 @@ pub async fn grant_platform(ns: &str) {
         "toolyard-gateway",
         vec![
             rule(&["toolyard.dev"], &["mcptools"], &["get", "list", "watch"]),
-            rule(&["toolyard.dev"], &["toolcalls"], &["create", "get", "list", "watch", "patch"]),
+            rule(&["toolyard.dev"], &["toolcalls"], &["create", "get", "list", "watch", "patch", "delete"]),
             rule(&["toolyard.dev"], &["toolcalls/status"], &["patch"]),
-            rule(&["toolyard.dev"], &["codingtasks"], &["create", "get", "list", "watch", "patch"]),
+            rule(&["toolyard.dev"], &["codingtasks"], &["create", "get", "list", "watch", "patch", "delete"]),
             rule(&["toolyard.dev"], &["codingtasks/status"], &["patch"]),
             // Each replica's warm-pool calls in flight (executor::load).
             rule(&["coordination.k8s.io"], &["leases"], &["create", "get", "list", "watch", "patch", "delete"]),
