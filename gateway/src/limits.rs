@@ -29,7 +29,13 @@ pub struct LimitSettings {
     pub max_body_bytes: usize,
     /// The `Retry-After` sent with 429/503 and suggested in "server busy" errors.
     pub retry_after: Duration,
+    /// Bytes of stored calls and tasks per owner; at it, new calls and tasks are refused
+    /// (0: no quota). See [`crate::core::quota`].
+    pub storage_quota_bytes: u64,
 }
+
+/// The default storage quota per owner: 10 GiB.
+pub const DEFAULT_STORAGE_QUOTA_BYTES: u64 = 10 * 1024 * 1024 * 1024;
 
 impl Default for LimitSettings {
     fn default() -> Self {
@@ -41,6 +47,7 @@ impl Default for LimitSettings {
             max_http_in_flight_per_user: 64,
             max_body_bytes: 4 * 1024 * 1024,
             retry_after: Duration::from_secs(1),
+            storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
         }
     }
 }

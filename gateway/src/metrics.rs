@@ -109,6 +109,8 @@ pub enum Rejection {
     BodyTooLarge,
     /// Request body not received within the body read timeout.
     BodyTimeout,
+    /// The owner's stored files reached the storage quota.
+    StorageQuota,
     /// The server is shutting down.
     ShuttingDown,
 }
@@ -124,6 +126,7 @@ impl Rejection {
             Rejection::HttpUser => "http_user",
             Rejection::BodyTooLarge => "body_too_large",
             Rejection::BodyTimeout => "body_timeout",
+            Rejection::StorageQuota => "storage_quota",
             Rejection::ShuttingDown => "shutting_down",
         }
     }

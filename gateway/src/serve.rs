@@ -78,6 +78,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub limits: LimitArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub data: DataArgs,
 
     /// How long in-flight calls may finish after SIGTERM.
     #[arg(long, env = "TOOLYARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 30)]
@@ -204,6 +207,26 @@ pub struct LimitArgs {
     pub retry_after_seconds: u64,
 }
 
+/// What is kept of each owner's stored calls and tasks (`serve` and the local mode alike).
+#[derive(Args, Clone, Debug)]
+pub struct DataArgs {
+    /// Bytes of stored calls and tasks per owner; at it, new calls and coding tasks are
+    /// refused with a message saying how to free space (0: no quota).
+    #[arg(long, env = "TOOLYARD_STORAGE_QUOTA_BYTES", default_value_t = crate::limits::DEFAULT_STORAGE_QUOTA_BYTES)]
+    pub storage_quota_bytes: u64,
+    /// Days after which stored calls and tasks are deleted (an S3 lifecycle rule where the
+    /// store takes one, else the gateway deletes them hourly); 0: kept until deleted.
+    #[arg(long, env = "TOOLYARD_RETENTION_DAYS", default_value_t = 0)]
+    pub retention_days: u32,
+}
+
+impl Default for DataArgs {
+    /// The flags' defaults.
+    fn default() -> Self {
+        Self { storage_quota_bytes: crate::limits::DEFAULT_STORAGE_QUOTA_BYTES, retention_days: 0 }
+    }
+}
+
 impl LimitArgs {
     /// The admission settings.
     pub fn settings(&self) -> LimitSettings {
@@ -215,6 +238,7 @@ impl LimitArgs {
             max_http_in_flight_per_user: self.max_http_in_flight_per_user,
             max_body_bytes: self.max_body_bytes,
             retry_after: Duration::from_secs(self.retry_after_seconds.max(1)),
+            storage_quota_bytes: crate::limits::DEFAULT_STORAGE_QUOTA_BYTES,
         }
     }
 }
@@ -267,6 +291,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_from(kube_config).context("Kubernetes client")?;
 
     let store = args.storage.build().await?;
+    crate::store::retention::start(store.clone(), args.data.retention_days, background.clone()).await;
     let namespaces = Namespaces::from_list(&args.namespaces);
     let catalog = KubeCatalog::start(client.clone(), &namespaces, background.clone());
     let pool = PoolClient::new(Duration::from_secs(5))?;
@@ -314,7 +339,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         allowed_origins: allowed_origins(&args.allowed_origins),
         page_size: args.page_size.max(1),
         metrics_on_public: metrics_listener.is_none(),
-        limits: args.limits.settings(),
+        limits: LimitSettings { storage_quota_bytes: args.data.storage_quota_bytes, ..args.limits.settings() },
         ..Settings::default()
     };
     let executor = Arc::new(executor);

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::authz::Authorizer;
 use crate::catalog::ToolCatalog;
+use crate::core::quota::StorageQuota;
 use crate::core::{Access, Calls};
 use crate::executor::Executor;
 use crate::limits::{LimitSettings, Limits};
@@ -107,9 +108,10 @@ impl AppState {
         settings: Settings,
     ) -> Self {
         let limits = Arc::new(Limits::new(settings.limits.clone()));
+        let quota = Arc::new(StorageQuota::new(store.clone(), settings.limits.storage_quota_bytes));
         let metrics = Arc::new(Metrics::new());
         Self {
-            calls: calls(&catalog, &authorizer, &executor, &limits, &metrics),
+            calls: calls(&catalog, &authorizer, &executor, &limits, &quota, &metrics),
             catalog,
             executor,
             store,
@@ -127,7 +129,7 @@ impl AppState {
 
     /// The same state with the given metrics (to share a registry with other parts).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.calls = calls(&self.catalog, &self.authorizer, &self.executor, &self.limits, &metrics);
+        self.calls = calls(&self.catalog, &self.authorizer, &self.executor, &self.limits, self.calls.quota(), &metrics);
         self.metrics = metrics;
         self
     }
@@ -189,10 +191,11 @@ fn calls(
     authorizer: &Arc<dyn Authorizer>,
     executor: &Arc<dyn Executor>,
     limits: &Arc<Limits>,
+    quota: &Arc<StorageQuota>,
     metrics: &Arc<Metrics>,
 ) -> Arc<Calls> {
     let access = Access::new(catalog.clone(), authorizer.clone(), metrics.clone());
-    Arc::new(Calls::new(access, executor.clone(), limits.clone(), metrics.clone()))
+    Arc::new(Calls::new(access, executor.clone(), limits.clone(), quota.clone(), metrics.clone()))
 }
 
 /// The last storage health result, valid for a short time.

@@ -711,3 +711,45 @@ async fn users_delete_their_own_finished_calls_and_tasks() {
     let listed = ok(&alice.call_tool(call("list_tasks", json!({}))).await.expect("list_tasks"));
     assert!(!listed.to_string().contains(&id), "{listed}");
 }
+
+/// At the storage quota, calls and coding tasks are refused with what to do, on the cluster
+/// backend and the S3 store. (Alice's files from other tests share the bucket, so the quota
+/// is one byte and she is over it; the local mode's test shows a deletion making room.)
+#[tokio::test]
+async fn calls_and_tasks_at_the_storage_quota_are_refused() {
+    let ns = setup("gwquota", &[("echo", "echo", 60)]).await;
+    gateway_support::apply_role(
+        &ns,
+        "alice-tasks",
+        vec![
+            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
+            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
+        ],
+        vec![gateway_support::user_subject("alice")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "modelprofiles", "use", Some("default")).await;
+    let mut options = Options::default();
+    options.settings.limits.storage_quota_bytes = 1;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let _platform = FakePlatform::start(&ns, &gw.internal).await;
+    let alice = gw.client(User::Alice).await;
+    let key = OwnerKey::derive("kubernetes", "alice");
+    gw.store.put(&key, "calls/earlier-000000000001/result.json", bytes::Bytes::from_static(b"{}")).await.expect("put");
+
+    let refused = alice.call_tool(call("echo", json!({"x": 1}))).await.expect("an answer");
+    assert_eq!(refused.is_error, Some(true));
+    let text = text_of(&refused);
+    assert!(
+        text.starts_with("storage quota reached: your stored calls and tasks take ")
+            && text.contains(" of your 1 bytes; delete the ones you no longer need (delete_call, delete_task)"),
+        "{text}"
+    );
+    assert!(toolcalls(&ns).await.is_empty(), "nothing ran");
+    let task = alice.call_tool(call("run_coding_task", json!({"task": "anything"}))).await.expect("an answer");
+    assert_eq!((task.is_error, text_of(&task)), (Some(true), text), "the same for a coding task");
+    let tasks: Api<toolyard_api::CodingTask> = Api::namespaced(TestEnv::get().client(User::Admin).await, &ns);
+    assert!(tasks.list(&Default::default()).await.expect("list").items.is_empty(), "no CodingTask");
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("metrics").text().await.expect("text");
+    assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"storage_quota\"} 2"), "{metrics}");
+}

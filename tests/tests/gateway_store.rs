@@ -124,6 +124,52 @@ async fn suite(store: &dyn ArtifactStore) {
     assert_eq!(store.get(&bob, "calls/secret/input.json").await.expect("get"), Some(Bytes::from_static(b"bob")));
 }
 
+/// Retention: `expire` deletes every owner's files written before the cutoff and nothing
+/// newer. `age` makes a stored file look written `days` ago (each store keeps its own clock).
+async fn retention_suite(store: &dyn ArtifactStore, age: impl Fn(&OwnerKey, &str, u64)) -> (OwnerKey, OwnerKey) {
+    let (alice, bob) = owners();
+    for (owner, path) in
+        [(&alice, "calls/old/result.json"), (&bob, "tasks/old/outputs/a.csv"), (&alice, "calls/new/result.json")]
+    {
+        store.put(owner, path, Bytes::from_static(b"x")).await.expect("put");
+    }
+    age(&alice, "calls/old/result.json", 3);
+    age(&bob, "tasks/old/outputs/a.csv", 3);
+    let before = k8s_openapi::jiff::Timestamp::now() - std::time::Duration::from_secs(2 * 86_400);
+    assert!(store.expire(before).await.expect("expire") >= 2);
+    assert_eq!(store.get(&alice, "calls/old/result.json").await.expect("get"), None);
+    assert_eq!(store.get(&bob, "tasks/old/outputs/a.csv").await.expect("get"), None);
+    assert_eq!(store.get(&alice, "calls/new/result.json").await.expect("get"), Some(Bytes::from_static(b"x")));
+    (alice, bob)
+}
+
+#[tokio::test]
+async fn both_stores_expire_files_older_than_the_retention() {
+    // s3s-fs keeps each object as a file of its folder and reports the file's time.
+    let s3 = gateway_support::s3_store().await;
+    let env = TestEnv::get();
+    let bucket_dir = std::path::Path::new(env.var("TOOLYARD_TEST_RUN")).join("s3").join(env.s3().bucket);
+    let set_age = |file: std::path::PathBuf, days: u64| {
+        let file =
+            std::fs::File::options().write(true).open(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        file.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(days * 86_400)).expect("mtime");
+    };
+    retention_suite(s3.as_ref(), |owner, path, days| set_age(bucket_dir.join(format!("owners/{owner}/{path}")), days))
+        .await;
+    // s3s-fs has no lifecycle rules: the gateway sweeps instead.
+    assert!(!s3.expire_after(30).await.expect("asked"), "s3s-fs takes no lifecycle rule");
+
+    let dir = TempDir::new("gw-store-expire");
+    let folder = FsStore::new(dir.path()).expect("store");
+    let root = folder.root().to_owned();
+    let (alice, bob) =
+        retention_suite(&folder, |owner, path, days| set_age(root.join(format!("owners/{owner}/{path}")), days)).await;
+    assert!(!folder.expire_after(30).await.expect("asked"), "a folder has no lifecycle rules");
+    assert!(!root.join(format!("owners/{alice}/calls/old")).exists(), "emptied folders go too");
+    assert!(!root.join(format!("owners/{bob}")).exists(), "up to the owner's own");
+    assert!(root.join(format!("owners/{alice}/calls/new")).exists());
+}
+
 #[tokio::test]
 async fn s3_store_keeps_the_contract_on_the_real_s3_server() {
     let store = gateway_support::s3_store().await;

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use toolyard_api::OwnerKey;
 use toolyard_api::protocol::CallResult;
 use toolyard_gateway::local::LocalGateway;
+use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::local::{self, TempDir};
 
 const TOKEN: &str = "ty_local-e2e-test-token-0001";
@@ -32,6 +33,16 @@ impl Local {
     async fn start(dir: &str) -> Self {
         let data = TempDir::new("local-e2e");
         let gateway = local_support::start(dir, &data, TOKEN, 4).await;
+        Self::connect(gateway, data).await
+    }
+
+    /// The local mode with its files in `data` and these quota and retention settings.
+    async fn start_with(dir: &str, data: TempDir, lifecycle: DataArgs) -> Self {
+        let gateway = local_support::start_with(dir, &data, TOKEN, 4, lifecycle).await;
+        Self::connect(gateway, data).await
+    }
+
+    async fn connect(gateway: LocalGateway, data: TempDir) -> Self {
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(gateway.mcp_url()).auth_header(TOKEN.to_owned()),
         );
@@ -309,4 +320,67 @@ async fn a_finished_call_is_deleted_with_its_files() {
         let again = local.call("delete_call", json!({"call_id": unknown})).await;
         assert_eq!((again.is_error, text_of(&again)), (Some(true), format!("no such call: {unknown:?}")));
     }
+}
+
+fn call_id(result: &CallToolResult) -> String {
+    let meta = result.meta.clone().expect("_meta");
+    meta.0[toolyard_gateway::mcp::CALL_ID_META].as_str().expect("the call id").to_owned()
+}
+
+/// At the storage quota a call is refused, saying how much is stored and how to free it;
+/// deleting a call makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_at_the_storage_quota_are_refused_until_something_is_deleted() {
+    let quota = DataArgs { storage_quota_bytes: 1, ..DataArgs::default() };
+    let local = Local::start_with("examples/pricing", TempDir::new("local-quota"), quota).await;
+    // Nothing stored yet: both calls run (the second on the usage measured for the first).
+    let first = local.call("price_option", ATM()).await;
+    structured(&first);
+    let second = local.call("price_option", ATM()).await;
+    structured(&second);
+    for r in [&first, &second] {
+        finished_call_events(&local.call_folder(&call_id(r))).await;
+    }
+    // A deletion measures again: the second call's files are over the 1-byte quota.
+    structured(&local.call("delete_call", json!({"call_id": call_id(&first)})).await);
+    let refused = local.call("price_option", ATM()).await;
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    let text = text_of(&refused);
+    assert!(
+        text.starts_with("storage quota reached: your stored calls and tasks take ")
+            && text.contains(" of your 1 bytes")
+            && text.contains("delete_call, delete_task"),
+        "{text}"
+    );
+    assert_eq!(local.calls().len(), 1, "the refused call stored nothing");
+    structured(&local.call("delete_call", json!({"call_id": call_id(&second)})).await);
+    structured(&local.call("price_option", ATM()).await);
+}
+
+/// With a retention, files older than it are deleted (the local folder has no lifecycle
+/// rules: the gateway deletes them itself, first at start); newer ones stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_older_than_the_retention_are_deleted() {
+    let data = TempDir::new("local-retention");
+    let owner = OwnerKey::derive("apikey", "local");
+    let calls = data.path().join("owners").join(owner.as_str()).join("calls");
+    let plant = |name: &str, age: Duration| {
+        let dir = calls.join(name);
+        std::fs::create_dir_all(&dir).expect("folder");
+        let file = std::fs::File::create(dir.join("result.json")).expect("file");
+        file.set_modified(std::time::SystemTime::now() - age).expect("mtime");
+    };
+    plant("old-000000000001", Duration::from_secs(3 * 86_400));
+    plant("new-000000000001", Duration::from_secs(3600));
+    let retention = DataArgs { retention_days: 2, ..DataArgs::default() };
+    let local = Local::start_with("examples/pricing", data, retention).await;
+    for _ in 0..100 {
+        if !calls.join("old-000000000001").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!calls.join("old-000000000001").exists(), "the expired call and its folder are gone");
+    assert!(calls.join("new-000000000001/result.json").exists(), "a newer call stays");
+    drop(local);
 }

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use super::access::{Access, Selection};
 use super::ids::new_call_id;
+use super::quota::StorageQuota;
 use crate::catalog::Tool;
 use crate::executor::{CallRequest, Executor};
 use crate::identity::Identity;
@@ -98,6 +99,9 @@ pub enum CallError {
     /// An admission limit refused the call; retry later.
     #[error("{0}")]
     Busy(&'static str),
+    /// The owner's stored files reached the storage quota (the message says what to do).
+    #[error("{0}")]
+    QuotaReached(String),
     /// The platform failed (authorization backend, storage, apiserver, pool).
     #[error(transparent)]
     Platform(#[from] crate::Error),
@@ -110,6 +114,7 @@ impl CallError {
             CallError::UnknownTool(_) => "unknown_tool",
             CallError::InvalidArguments(_) => "invalid_arguments",
             CallError::Busy(_) => "busy",
+            CallError::QuotaReached(_) => "storage_quota",
             CallError::Platform(_) => "platform",
         }
     }
@@ -131,6 +136,7 @@ pub struct Calls {
     access: Access,
     executor: Arc<dyn Executor>,
     limits: Arc<Limits>,
+    quota: Arc<StorageQuota>,
     metrics: Arc<Metrics>,
 }
 
@@ -142,8 +148,19 @@ impl std::fmt::Debug for Calls {
 
 impl Calls {
     /// The service over these parts.
-    pub fn new(access: Access, executor: Arc<dyn Executor>, limits: Arc<Limits>, metrics: Arc<Metrics>) -> Self {
-        Self { access, executor, limits, metrics }
+    pub fn new(
+        access: Access,
+        executor: Arc<dyn Executor>,
+        limits: Arc<Limits>,
+        quota: Arc<StorageQuota>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self { access, executor, limits, quota, metrics }
+    }
+
+    /// The per-owner storage quota calls (and tasks) are admitted under.
+    pub fn quota(&self) -> &Arc<StorageQuota> {
+        &self.quota
     }
 
     /// The access filter calls are resolved through.
@@ -199,6 +216,11 @@ impl Calls {
         let Value::Object(arguments) = arguments else { unreachable!("built from an object above") };
 
         let owner = input.who.owner_key();
+        if let Some(message) = self.quota.check(&owner).await? {
+            self.metrics.admission_rejected(Rejection::StorageQuota);
+            self.metrics.tool_call(tool.name(), CallOutcome::Busy, started.elapsed());
+            return Err(CallError::QuotaReached(message));
+        }
         // Admission takes microseconds: its refusal is the root span's `error.type` (busy).
         let elsewhere = self.executor.running_elsewhere(&owner);
         let _permit = match self.limits.try_admit_call(owner.as_str(), elsewhere) {

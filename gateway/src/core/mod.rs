@@ -8,6 +8,7 @@
 pub mod access;
 pub mod calls;
 pub mod ids;
+pub mod quota;
 
 pub use access::{Access, Selection};
 pub use calls::{CallError, CallInput, Called, Calls, ProgressSink};

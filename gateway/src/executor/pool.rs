@@ -372,6 +372,9 @@ mod tests {
         async fn delete_folder(&self, _: &OwnerKey, _: &str) -> Result<usize> {
             unimplemented!("not used")
         }
+        async fn expire(&self, _: jiff::Timestamp) -> Result<usize> {
+            unimplemented!("not used")
+        }
         async fn health(&self) -> Result<()> {
             Ok(())
         }

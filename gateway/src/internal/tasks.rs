@@ -154,6 +154,7 @@ pub async fn tool_call(
         }
         Err(e @ CallError::InvalidArguments(_)) => failed(e.to_string(), None),
         Err(CallError::Busy(what)) => failed(format!("server busy: {what}; retry later"), None),
+        Err(CallError::QuotaReached(message)) => failed(message, None),
         Err(CallError::Platform(e)) => {
             tracing::warn!(task = %id, error = %e, "a task's tool call failed in the platform");
             failed(e.public_message(), None)

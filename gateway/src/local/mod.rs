@@ -111,6 +111,9 @@ pub struct LocalArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub models: crate::model::ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub data: crate::serve::DataArgs,
 }
 
 /// A running local gateway.
@@ -244,6 +247,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     };
     let launch =
         LaunchSettings { runner, internal_url, tools_dir: dir.clone(), python_package, interpreters, kill_grace };
+    crate::store::retention::start(store.clone(), args.data.retention_days, background.clone()).await;
     let pools = Arc::new(WarmPools::start(&catalog.tools(), &launch, background.clone()));
     let results = Arc::new(LocalResults::default());
     let executor =
@@ -286,6 +290,10 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         allowed_hosts,
         allowed_origins: crate::serve::allowed_origins(&args.allowed_origins),
         metrics_on_public: false,
+        limits: crate::limits::LimitSettings {
+            storage_quota_bytes: args.data.storage_quota_bytes,
+            ..crate::limits::LimitSettings::default()
+        },
         ..Settings::default()
     };
     let tokens = ShutdownTokens::default();

@@ -338,6 +338,7 @@ impl McpHandler {
             Err(CallError::InvalidArguments(problems)) => Ok(convert::invalid_arguments(&problems)),
             Err(CallError::UnknownTool(name)) => Err(errors::unknown_tool(&name)),
             Err(CallError::Busy(what)) => Err(errors::busy(what, self.retry_after())),
+            Err(CallError::QuotaReached(message)) => Ok(super::tasks::error_result(message)),
             Err(CallError::Platform(e)) => Err(errors::from_error(&e, self.retry_after())),
         }
     }

@@ -215,6 +215,11 @@ impl TaskTools<'_> {
             Ok(b) => b,
             Err(message) => return Ok(error_result(message).into()),
         };
+        let quota = self.state.calls.quota().check(&self.owner()).await.map_err(|e| internal(self.state, &e))?;
+        if let Some(message) = quota {
+            self.state.metrics.admission_rejected(Rejection::StorageQuota);
+            return Ok(error_result(message).into());
+        }
         // Counted and created under this replica's start lock; other replicas' tasks are
         // counted from the cluster's state.
         let _start = self.state.limits.task_start().await;
@@ -373,6 +378,7 @@ impl TaskTools<'_> {
             .delete_folder(&owner, &view::task_folder(&owner, &id))
             .await
             .map_err(|e| internal(self.state, &e))?;
+        self.state.calls.quota().forget(&owner);
         tracing::info!(task = %id, files, "task deleted");
         Ok(json_result(json!({"task_id": id.as_str(), "deleted": true, "files": files})))
     }
@@ -395,6 +401,7 @@ impl TaskTools<'_> {
         if files == 0 && forgotten == Forgotten::Nothing {
             return Ok(no_such_call());
         }
+        self.state.calls.quota().forget(&owner);
         tracing::info!(call = %id, files, "call deleted");
         Ok(json_result(json!({"call_id": id.as_str(), "deleted": true, "files": files})))
     }

@@ -276,6 +276,42 @@ impl Inner {
 }
 
 impl Inner {
+    /// Removes every owner's files (and stale temporary files) last written before `cutoff`,
+    /// then the folders that leaves empty; links are removed, never followed. Returns how many
+    /// files it removed.
+    fn expire(&self, cutoff: std::time::SystemTime) -> Result<usize> {
+        let owners = self.root.join("owners");
+        let mut removed = 0;
+        let mut folders = Vec::new();
+        let mut pending = vec![owners.clone()];
+        while let Some(dir) = pending.pop() {
+            let entries = match std::fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_error("listing", &dir, e)),
+            };
+            for entry in entries.flatten() {
+                let Ok(meta) = entry.path().symlink_metadata() else { continue };
+                if meta.is_dir() {
+                    pending.push(entry.path());
+                    folders.push(entry.path());
+                } else if meta.modified().is_ok_and(|m| m < cutoff) {
+                    match std::fs::remove_file(entry.path()) {
+                        Ok(()) => removed += 1,
+                        Err(e) if e.kind() == ErrorKind::NotFound => {}
+                        Err(e) => return Err(io_error("deleting", &entry.path(), e)),
+                    }
+                }
+            }
+        }
+        // Deepest first; a folder with anything left in it stays (remove_dir fails).
+        folders.sort_by_key(|f| std::cmp::Reverse(f.components().count()));
+        for folder in folders {
+            let _ = std::fs::remove_dir(folder);
+        }
+        Ok(removed)
+    }
+
     /// Removes the folder `key` and everything in it (links inside are removed, never
     /// followed); returns how many files it held.
     fn delete_folder(&self, key: &str, owner_prefix: &str) -> Result<usize> {
@@ -362,6 +398,12 @@ impl ArtifactStore for FsStore {
         }
         let owner_prefix = toolyard_api::storage::owner_prefix(owner);
         self.blocking(move |inner| inner.delete_folder(&key, &owner_prefix)).await
+    }
+
+    async fn expire(&self, before: jiff::Timestamp) -> Result<usize> {
+        let cutoff = std::time::SystemTime::UNIX_EPOCH
+            + std::time::Duration::from_millis(u64::try_from(before.as_millisecond()).unwrap_or(0));
+        self.blocking(move |inner| inner.expire(cutoff)).await
     }
 
     async fn health(&self) -> Result<()> {

@@ -11,6 +11,7 @@ use toolyard_api::OwnerKey;
 
 pub mod events;
 pub mod fs;
+pub mod retention;
 pub mod s3;
 
 /// Metadata of a stored object.
@@ -61,6 +62,15 @@ pub trait ArtifactStore: Send + Sync + 'static {
     /// Deletes every object under a folder (relative to the owner's prefix, ending in '/');
     /// returns how many there were. Nothing there is not an error.
     async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> crate::Result<usize>;
+    /// Has the store itself delete every owner's files `days` after they were written (an S3
+    /// lifecycle rule); `Ok(false)` when it cannot, and the gateway deletes them with
+    /// [`ArtifactStore::expire`] instead (see [`retention`]).
+    async fn expire_after(&self, days: u32) -> crate::Result<bool> {
+        let _ = days;
+        Ok(false)
+    }
+    /// Deletes every owner's files last written before `before`; returns how many.
+    async fn expire(&self, before: jiff::Timestamp) -> crate::Result<usize>;
     /// Checks that the store is reachable (for `/readyz`).
     async fn health(&self) -> crate::Result<()>;
 }

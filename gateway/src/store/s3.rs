@@ -16,7 +16,10 @@ use aws_sdk_s3::config::{
 };
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata};
 use aws_sdk_s3::primitives::ByteStream;
-use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+use aws_sdk_s3::types::{
+    BucketLifecycleConfiguration, Delete, ExpirationStatus, LifecycleExpiration, LifecycleRule, LifecycleRuleFilter,
+    ObjectIdentifier,
+};
 use bytes::Bytes;
 use toolyard_api::OwnerKey;
 
@@ -124,6 +127,38 @@ impl S3Store {
         Self { client, bucket: bucket.into() }
     }
 
+    /// Deletes `keys` with DeleteObjects, 1,000 per request (`what` names them in errors).
+    async fn delete_keys(&self, keys: &[String], what: &str) -> Result<()> {
+        for batch in keys.chunks(1000) {
+            let objects = batch
+                .iter()
+                .map(|key| ObjectIdentifier::builder().key(key).build())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| storage_error("delete", what, e))?;
+            let delete = Delete::builder()
+                .set_objects(Some(objects))
+                .quiet(true)
+                .build()
+                .map_err(|e| storage_error("delete", what, e))?;
+            let out = self
+                .client
+                .delete_objects()
+                .bucket(&self.bucket)
+                .delete(delete)
+                .send()
+                .await
+                .map_err(|e| storage_error("delete", what, e))?;
+            if let Some(failed) = out.errors().first() {
+                return Err(Error::Storage(format!(
+                    "deleting {}: {}",
+                    failed.key().unwrap_or(what),
+                    failed.message().unwrap_or("refused")
+                )));
+            }
+        }
+        Ok(())
+    }
+
     async fn head_size(&self, key: &str) -> Result<Option<u64>> {
         match self.client.head_object().bucket(&self.bucket).key(key).send().await {
             Ok(out) => Ok(Some(out.content_length().and_then(|n| u64::try_from(n).ok()).unwrap_or(0))),
@@ -132,6 +167,10 @@ impl S3Store {
         }
     }
 }
+
+/// The id of the lifecycle rule that expires every owner's files (see
+/// [`ArtifactStore::expire_after`]).
+pub const RETENTION_RULE: &str = "toolyard-retention";
 
 fn storage_error<E: std::error::Error + 'static>(op: &str, key: &str, e: E) -> Error {
     Error::Storage(format!("S3 {op} {key}: {}", DisplayErrorContext(&e)))
@@ -244,7 +283,7 @@ impl ArtifactStore for S3Store {
         Ok(out)
     }
 
-    /// Lists the folder, then deletes its keys with DeleteObjects, 1,000 per request.
+    /// Lists the folder, then deletes its keys.
     async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> Result<usize> {
         let prefix = owner_key_path(owner, folder)?;
         if !prefix.ends_with('/') {
@@ -253,34 +292,67 @@ impl ArtifactStore for S3Store {
         let owner_prefix = toolyard_api::storage::owner_prefix(owner);
         let keys: Vec<String> =
             self.list(owner, folder).await?.into_iter().map(|o| format!("{owner_prefix}{}", o.path)).collect();
-        for batch in keys.chunks(1000) {
-            let objects = batch
-                .iter()
-                .map(|key| ObjectIdentifier::builder().key(key).build())
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| storage_error("delete", &prefix, e))?;
-            let delete = Delete::builder()
-                .set_objects(Some(objects))
-                .quiet(true)
-                .build()
-                .map_err(|e| storage_error("delete", &prefix, e))?;
-            let out = self
-                .client
-                .delete_objects()
-                .bucket(&self.bucket)
-                .delete(delete)
-                .send()
-                .await
-                .map_err(|e| storage_error("delete", &prefix, e))?;
-            if let Some(failed) = out.errors().first() {
-                return Err(Error::Storage(format!(
-                    "deleting {}: {}",
-                    failed.key().unwrap_or(&prefix),
-                    failed.message().unwrap_or("refused")
-                )));
+        self.delete_keys(&keys, &prefix).await?;
+        Ok(keys.len())
+    }
+
+    /// Sets the bucket's lifecycle rule [`RETENTION_RULE`] (expire `owners/` after `days`),
+    /// keeping the bucket's other rules. `Ok(false)` when the server does not support
+    /// lifecycle rules or the credentials may not set them.
+    async fn expire_after(&self, days: u32) -> Result<bool> {
+        let existing = match self.client.get_bucket_lifecycle_configuration().bucket(&self.bucket).send().await {
+            Ok(out) => out.rules().to_vec(),
+            Err(e) if e.as_service_error().and_then(|s| s.code()) == Some("NoSuchLifecycleConfiguration") => Vec::new(),
+            Err(e) => {
+                tracing::info!(error = %DisplayErrorContext(&e), "the S3 server gives no lifecycle configuration");
+                return Ok(false);
+            }
+        };
+        let ours = LifecycleRule::builder()
+            .id(RETENTION_RULE)
+            .filter(LifecycleRuleFilter::builder().prefix("owners/").build())
+            .expiration(LifecycleExpiration::builder().days(i32::try_from(days).unwrap_or(i32::MAX)).build())
+            .status(ExpirationStatus::Enabled)
+            .build()
+            .map_err(|e| storage_error("lifecycle", &self.bucket, e))?;
+        let mut rules: Vec<LifecycleRule> = existing.into_iter().filter(|r| r.id() != Some(RETENTION_RULE)).collect();
+        rules.push(ours);
+        let configuration = BucketLifecycleConfiguration::builder()
+            .set_rules(Some(rules))
+            .build()
+            .map_err(|e| storage_error("lifecycle", &self.bucket, e))?;
+        match self
+            .client
+            .put_bucket_lifecycle_configuration()
+            .bucket(&self.bucket)
+            .lifecycle_configuration(configuration)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) => {
+                tracing::info!(error = %DisplayErrorContext(&e), "the S3 server did not take the lifecycle rule");
+                Ok(false)
             }
         }
-        Ok(keys.len())
+    }
+
+    async fn expire(&self, before: jiff::Timestamp) -> Result<usize> {
+        let cutoff = aws_sdk_s3::primitives::DateTime::from_millis(before.as_millisecond());
+        let mut expired = Vec::new();
+        let mut pages = self.client.list_objects_v2().bucket(&self.bucket).prefix("owners/").into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| storage_error("list", "owners/", e))?;
+            for object in page.contents() {
+                if let (Some(key), Some(modified)) = (object.key(), object.last_modified())
+                    && *modified < cutoff
+                {
+                    expired.push(key.to_owned());
+                }
+            }
+        }
+        self.delete_keys(&expired, "owners/").await?;
+        Ok(expired.len())
     }
 
     async fn health(&self) -> Result<()> {

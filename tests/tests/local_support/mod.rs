@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use toolyard_gateway::local::{LocalArgs, LocalGateway};
 use toolyard_gateway::logging::LogFormat;
+use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::local::{self, TempDir};
 use toolyard_tests::repo_path;
 
@@ -12,6 +13,11 @@ use toolyard_tests::repo_path;
 /// files in `data`, the fixed `token` for user `local`, at most `max_calls` Job-mode calls at
 /// once; returns once its warm workers have started.
 pub async fn start(dir: &str, data: &TempDir, token: &str, max_calls: usize) -> LocalGateway {
+    start_with(dir, data, token, max_calls, DataArgs::default()).await
+}
+
+/// [`start`] with these storage quota and retention settings.
+pub async fn start_with(dir: &str, data: &TempDir, token: &str, max_calls: usize, lifecycle: DataArgs) -> LocalGateway {
     let args = LocalArgs {
         dir: repo_path(dir),
         listen: "127.0.0.1:0".into(),
@@ -30,6 +36,7 @@ pub async fn start(dir: &str, data: &TempDir, token: &str, max_calls: usize) -> 
         body_read_timeout_seconds: 30,
         log_format: LogFormat::Plain,
         models: toolyard_gateway::model::ModelArgs::default(),
+        data: lifecycle,
     };
     let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
     gateway.pools.wait_started().await.expect("warm workers start");
