@@ -29,6 +29,61 @@ pub mod env {
     /// (`callerIdentity: true`): the caller as JSON, `{"issuer", "user", "groups"}`, as the
     /// gateway authenticated it (a reused jsonl worker gets it per request instead).
     pub const CALLER: &str = "TOOLYARD_CALLER";
+    /// Set for the tool command: a folder where `toolyard.image()` and `toolyard.file()` put
+    /// the files the call returns (see [`super::outputs`]); a reused jsonl worker gets it per
+    /// request (`outputDir`) instead.
+    pub const OUTPUT_DIR: &str = "TOOLYARD_OUTPUT_DIR";
+}
+
+/// Files a call returns besides its value: images (returned to the caller as MCP image
+/// content) and other files, stored as the caller's under `calls/<id>/outputs/<name>`.
+///
+/// The function writes each file to `<OUTPUT_DIR>/files/<name>` and appends a line
+/// `{"name", "mimeType", "image"}` to `<OUTPUT_DIR>/manifest.jsonl`; the runner checks every
+/// entry against the limits below (the function is not trusted) and lists the files in the
+/// call's [`CallResult::files`].
+pub mod outputs {
+    use serde::{Deserialize, Serialize};
+
+    /// Most files one call returns.
+    pub const MAX_FILES: usize = 32;
+    /// Largest file in bytes.
+    pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+    /// Most bytes of all of a call's files together.
+    pub const MAX_TOTAL_BYTES: u64 = 32 * 1024 * 1024;
+    /// Largest image returned inline as MCP image content (larger ones only as a link).
+    pub const MAX_INLINE_IMAGE_BYTES: u64 = 1024 * 1024;
+    /// The image types a call may return as images.
+    pub const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+    /// The manifest's file name in the output folder.
+    pub const MANIFEST: &str = "manifest.jsonl";
+    /// The folder of the files in the output folder.
+    pub const FILES: &str = "files";
+
+    /// One returned file, as the call's result lists it.
+    #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct OutputFile {
+        /// Its path under the call's `outputs/` (a relative path, see
+        /// [`crate::storage::RelativePath`]).
+        pub name: String,
+        /// Its media type, e.g. `image/png` or `text/csv`.
+        pub mime_type: String,
+        /// Size in bytes.
+        pub size: u64,
+        /// Returned as an image (one of [`IMAGE_TYPES`]).
+        #[serde(default)]
+        pub image: bool,
+    }
+
+    /// Whether `s` is a media type: `type/subtype`, each a token of letters, digits and
+    /// `!#$&^_.+-`, with no parameters.
+    pub fn is_media_type(s: &str) -> bool {
+        let token = |t: &str| {
+            !t.is_empty() && t.len() <= 127 && t.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
+        };
+        s.split_once('/').is_some_and(|(kind, sub)| token(kind) && token(sub))
+    }
 }
 
 /// Exit codes of the tool command, as the Python function runner uses them.
@@ -126,6 +181,10 @@ pub mod pool {
         /// latest ones when there were more than [`super::MAX_PROGRESS_EVENTS`].
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub progress: Vec<super::Event>,
+        /// The bytes of the files the result lists ([`CallResult::files`]), base64, in the
+        /// same order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub files: Vec<String>,
     }
 }
 
@@ -149,6 +208,10 @@ pub mod path {
     /// `POST`: lifecycle [`super::Event`]s of a call or task (`kind` is `calls` or `tasks`).
     pub fn events(kind: &str, id: &str) -> String {
         format!("{PREFIX}/{kind}/{id}/events")
+    }
+    /// `PUT`: a file the call returned (see [`super::outputs`]), raw bytes; before its result.
+    pub fn call_output(id: &str, name: &str) -> String {
+        format!("{PREFIX}/calls/{id}/outputs/{name}")
     }
     /// `PUT` / `GET`: a task's artifact under `outputs/`. The other task routes are in
     /// [`crate::agent::path`].
@@ -202,17 +265,26 @@ pub struct CallResult {
     /// Wall time of the tool command in milliseconds.
     #[serde(default)]
     pub duration_ms: u64,
+    /// The files the call returned (see [`outputs`]), stored under `calls/<id>/outputs/`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<outputs::OutputFile>,
 }
 
 impl CallResult {
     /// A successful result.
     pub fn ok(value: Value, duration_ms: u64) -> Self {
-        Self { value: Some(value), error: None, exit_code: Some(0), duration_ms }
+        Self { value: Some(value), error: None, exit_code: Some(0), duration_ms, files: Vec::new() }
     }
 
     /// A failed result.
     pub fn err(kind: CallErrorKind, message: impl Into<String>, exit_code: Option<i32>, duration_ms: u64) -> Self {
-        Self { value: None, error: Some(CallError { kind, message: message.into() }), exit_code, duration_ms }
+        Self {
+            value: None,
+            error: Some(CallError { kind, message: message.into() }),
+            exit_code,
+            duration_ms,
+            files: Vec::new(),
+        }
     }
 
     /// True when the call failed.

@@ -384,3 +384,76 @@ async fn files_older_than_the_retention_are_deleted() {
     assert!(calls.join("new-000000000001/result.json").exists(), "a newer call stays");
     drop(local);
 }
+
+/// A function returns an image and a file with its value, from a fresh process (Job mode) and
+/// from a reused warm worker: the caller gets the image as image content and a link to each
+/// file, stored as the caller's and readable with `resources/read` and `read_artifact`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_return_images_and_files_in_both_modes() {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let local = Local::start("tests/fixtures/misbehaving").await;
+    for tool in ["chart", "chart_pool"] {
+        let r = local.call(tool, json!({"points": 3})).await;
+        assert_eq!(structured(&r), json!({"points": 3, "image": "chart.png", "table": "data/points.csv"}), "{tool}");
+        let id = call_id(&r);
+        let images: Vec<_> = r.content.iter().filter_map(|c| c.as_image()).collect();
+        assert_eq!(images.len(), 1, "{tool}: {:?}", r.content);
+        assert_eq!(images[0].mime_type, "image/png");
+        let png = b64.decode(&images[0].data).expect("base64");
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{tool}: a PNG");
+        let links: Vec<_> = r.content.iter().filter_map(|c| c.as_resource_link()).collect();
+        let uris: Vec<&str> = links.iter().map(|l| l.uri.as_str()).collect();
+        assert_eq!(
+            uris,
+            [
+                format!("toolyard://calls/{id}/files/outputs/chart.png"),
+                format!("toolyard://calls/{id}/files/outputs/data/points.csv")
+            ],
+            "{tool}"
+        );
+        assert_eq!((links[1].mime_type.as_deref(), links[1].size), (Some("text/csv"), Some(16)));
+
+        // The CSV, through resources/read, and in the caller's folder.
+        let read = local
+            .client
+            .read_resource(rmcp::model::ReadResourceRequestParams::new(uris[1]))
+            .await
+            .expect("resources/read");
+        match &read.contents[0] {
+            rmcp::model::ResourceContents::TextResourceContents { text, mime_type, .. } => {
+                assert_eq!((text.as_str(), mime_type.as_deref()), ("x,y\n0,0\n1,1\n2,4\n", Some("text/csv")));
+            }
+            other => panic!("{tool}: expected text, got {other:?}"),
+        }
+        let stored = local.call_folder(&id).join("outputs/chart.png");
+        assert_eq!(std::fs::read(&stored).expect("stored image"), png, "{tool}");
+        // read_artifact by call id, in chunks like a task's files.
+        let chunk = structured(
+            &local.call("read_artifact", json!({"call_id": id, "filename": "chart.png", "encoding": "base64"})).await,
+        );
+        assert_eq!(b64.decode(chunk["content"].as_str().expect("content")).expect("base64"), png);
+        let unknown = local.call("read_artifact", json!({"call_id": id, "filename": "nothing.png"})).await;
+        assert_eq!(text_of(&unknown), format!("no file \"nothing.png\" in call {id:?}"));
+    }
+    // A link to another call, or out of the folder, reads as not found.
+    for uri in ["toolyard://calls/chart-000000000000/files/outputs/chart.png", "toolyard://calls/x/files/outputs/../y"]
+    {
+        let e =
+            local.client.read_resource(rmcp::model::ReadResourceRequestParams::new(uri)).await.expect_err("not found");
+        assert!(e.to_string().contains("no such resource"), "{uri}: {e}");
+    }
+
+    // Returned files the runner must refuse fail the call, saying which and why.
+    for (kind, reason) in [
+        ("traversal", "a returned file's name \"../../../etc/passwd\" is not allowed"),
+        ("link", "the returned file x.txt is not a plain file in the call's folder"),
+        ("mime", "the image x.txt is image/svg+xml; images are image/png"),
+        ("big", "the returned file x.txt has 9437184 bytes; the limit is 8 MiB"),
+    ] {
+        let r = local.call("hostile_output", json!({"kind": kind})).await;
+        assert_eq!(r.is_error, Some(true), "{kind}: {r:?}");
+        assert!(text_of(&r).contains(reason), "{kind}: {}", text_of(&r));
+        assert!(!r.content.iter().any(|c| c.as_resource_link().is_some()), "{kind}: nothing linked");
+    }
+}

@@ -106,6 +106,11 @@ impl InternalApi {
             .map(drop)
     }
 
+    /// Uploads a file the call returned (before its result).
+    pub async fn put_output(&self, id: &str, name: &str, mime_type: &str, bytes: Vec<u8>) -> Result<(), ApiError> {
+        self.send(Method::PUT, &path::call_output(id, name), Some(Bytes::from(bytes)), mime_type).await.map(drop)
+    }
+
     /// Uploads the call's result.
     pub async fn put_result(&self, id: &str, result: &CallResult) -> Result<(), ApiError> {
         let body = serde_json::to_vec(result).map_err(|e| ApiError::BadAnswer(id.into(), e.to_string()))?;

@@ -152,8 +152,9 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
         post_progress_event(&api, &id, last.as_ref()).await;
     }
     let result = output.result;
+    let files = output.files;
 
-    // Logs first (both at once; an empty stream is not uploaded): whoever waits for the
+    // Logs and returned files first (both at once; an empty stream is not uploaded): whoever waits for the
     // result finds the logs already there.
     let upload = |stream: &'static str, log: Vec<u8>| {
         let (api, id) = (&api, &id);
@@ -169,6 +170,12 @@ async fn run_call(args: CallArgs) -> Result<(i32, String), String> {
             tokio::join!(upload("stdout", output.stdout.into_log()), upload("stderr", output.stderr.into_log()));
         out?;
         err?;
+        for output in files {
+            let file = &output.file;
+            api.put_output(&id, &file.name, &file.mime_type, output.bytes)
+                .await
+                .map_err(|e| format!("cannot upload the returned file {}: {e}", file.name))?;
+        }
         api.put_result(&id, &result).await.map_err(|e| format!("cannot upload the result: {e}"))
     }
     .instrument(tracing::info_span!("upload"))

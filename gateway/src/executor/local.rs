@@ -216,9 +216,13 @@ impl LocalExecutor {
             () = request.cancel.cancelled() => None,
             r = tokio::time::timeout(limit, pool.call(call)) => Some(r),
         };
-        let (result, stdout, stderr) = match outcome {
+        let mut files = Vec::new();
+        let (mut result, stdout, stderr) = match outcome {
             None => (cancelled(ms(started.elapsed())), None, None),
-            Some(Ok(Ok(output))) => (output.result, Some(output.stdout.into_text()), Some(output.stderr.into_text())),
+            Some(Ok(Ok(output))) => {
+                files = output.files.into_iter().map(|o| o.bytes).collect();
+                (output.result, Some(output.stdout.into_text()), Some(output.stderr.into_text()))
+            }
             Some(Ok(Err(Refused::Busy))) => return Err(Error::Busy("the tool's warm pool is at capacity".into())),
             Some(Ok(Err(Refused::Closed))) => return Err(Error::Unavailable("shutting down".into())),
             Some(Err(_)) => {
@@ -226,6 +230,7 @@ impl LocalExecutor {
                 (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)
             }
         };
+        super::pool::store_outputs(self.records.store(), &owner, id, &mut result, files).await?;
         let log = events::pool_log(&request, progress.events(), &result);
         self.records.record(CallRecord::new(owner, id, input, &result, stdout, stderr).with_events(log)).await;
         Ok(result)

@@ -13,6 +13,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use reqwest::StatusCode;
 use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
@@ -94,6 +96,11 @@ impl CallRecords {
         Self { store, pending: TaskTracker::new(), room: Arc::new(Semaphore::new(MAX_PENDING_RECORDS)) }
     }
 
+    /// The store records are written to.
+    pub fn store(&self) -> &dyn ArtifactStore {
+        self.store.as_ref()
+    }
+
     /// Starts writing `record`; returns once it is queued (waiting while
     /// `MAX_PENDING_RECORDS` are in flight).
     pub async fn record(&self, record: CallRecord) {
@@ -144,8 +151,8 @@ async fn write_record(store: &dyn ArtifactStore, record: CallRecord) {
     }
 }
 
-/// Largest pool response accepted (result plus bounded logs).
-pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+/// Largest pool response accepted (result, bounded logs and the returned files in base64).
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why a pool call did not produce a [`PoolCallResponse`].
 #[derive(Debug, thiserror::Error)]
@@ -296,11 +303,15 @@ pub async fn run_pool_call(
         r = client.call(target.endpoint, &token, &body, timeout + target.grace) => Some(r),
     };
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-    let (result, stdout, stderr, progress) = match outcome {
+    let mut files = Vec::new();
+    let (mut result, stdout, stderr, progress) = match outcome {
         None => {
             (CallResult::err(CallErrorKind::Cancelled, "the call was cancelled", None, elapsed_ms), None, None, vec![])
         }
-        Some(Ok(response)) => (response.result, Some(response.stdout), Some(response.stderr), response.progress),
+        Some(Ok(response)) => {
+            files = response.files;
+            (response.result, Some(response.stdout), Some(response.stderr), response.progress)
+        }
         Some(Err(PoolError::TimedOut)) => (
             CallResult::err(
                 CallErrorKind::TimedOut,
@@ -322,9 +333,60 @@ pub async fn run_pool_call(
             return Err(Error::Unavailable("the tool's warm pool is not reachable; try again shortly".into()));
         }
     };
+    let bytes: std::result::Result<Vec<Vec<u8>>, _> = files.iter().map(|f| B64.decode(f)).collect();
+    match bytes {
+        Ok(bytes) => store_outputs(records.store(), &owner, id, &mut result, bytes).await?,
+        Err(_) => {
+            result =
+                CallResult::err(CallErrorKind::BadResult, "the warm pool's returned files are not base64", None, 0);
+        }
+    }
     let log = events::pool_log(&request, progress, &result);
     records.record(CallRecord::new(owner, id, input, &result, stdout, stderr).with_events(log)).await;
     Ok(result)
+}
+
+/// Stores the files a warm-pool call returned (`bytes`, in the order of `result.files`) under
+/// `calls/<id>/outputs/` before the call is answered: its answer links them and shows its
+/// images. Files that do not match the listing (a pool is not trusted more than a runner)
+/// fail the call.
+pub async fn store_outputs(
+    store: &dyn ArtifactStore,
+    owner: &OwnerKey,
+    id: &str,
+    result: &mut CallResult,
+    bytes: Vec<Vec<u8>>,
+) -> Result<()> {
+    use toolyard_api::protocol::outputs;
+    if result.files.is_empty() && bytes.is_empty() {
+        return Ok(());
+    }
+    let fits = !result.is_error()
+        && bytes.len() == result.files.len()
+        && result.files.len() <= outputs::MAX_FILES
+        && result.files.iter().zip(&bytes).all(|(f, b)| {
+            f.size == b.len() as u64
+                && f.size <= outputs::MAX_FILE_BYTES
+                && toolyard_api::storage::RelativePath::parse(&f.name).is_ok()
+                && outputs::is_media_type(&f.mime_type)
+                && (!f.image || outputs::IMAGE_TYPES.contains(&f.mime_type.as_str()))
+        });
+    if !fits {
+        *result = CallResult::err(
+            CallErrorKind::BadResult,
+            "the warm pool's returned files do not match its result",
+            result.exit_code,
+            result.duration_ms,
+        );
+        return Ok(());
+    }
+    let files = result
+        .files
+        .iter()
+        .zip(bytes)
+        .map(|(f, b)| (format!("calls/{id}/outputs/{}", f.name), Bytes::from(b)))
+        .collect();
+    store.put_all(owner, files).await
 }
 
 /// `calls/<id>/<file>` relative to the owner's prefix.

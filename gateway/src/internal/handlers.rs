@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use toolyard_api::OwnerKey;
-use toolyard_api::protocol::{CallResult, Event, Progress};
+use toolyard_api::protocol::{CallResult, Event, Progress, outputs};
 use toolyard_api::storage::{self, CallFile, RelativePath, RunId, TaskFile};
 use toolyard_api::token::RunKind;
 
@@ -75,8 +75,18 @@ pub async fn call_result(
     let id = claims.require(RunKind::Call, &id)?;
     let owner = claims.owner_key();
     let bytes = read_body(&headers, body, state.limits.result_bytes, "the result").await?;
-    let result: CallResult = serde_json::from_slice(&bytes)
+    let mut result: CallResult = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("the body is not a call result: {e}")))?;
+    // The result lists only the returned files that were uploaded, as uploaded.
+    if !result.files.is_empty() {
+        let folder = call_outputs_folder(&id);
+        let stored = state.store.list(&owner, &folder).await?;
+        result.files.retain(|f| {
+            stored.iter().any(|o| o.path == format!("{folder}{}", f.name) && o.size == f.size)
+                && outputs::is_media_type(&f.mime_type)
+                && (!f.image || outputs::IMAGE_TYPES.contains(&f.mime_type.as_str()))
+        });
+    }
     let canonical = serde_json::to_vec(&result).map_err(|e| crate::Error::Internal(e.to_string()))?;
     state.store.put(&owner, &call_path(&owner, &id, CallFile::Result), Bytes::from(canonical)).await?;
     tracing::debug!(call = %id, is_error = result.is_error(), "call result stored");
@@ -87,6 +97,38 @@ pub async fn call_result(
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the result was stored but not recorded; retry"));
     }
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT calls/{id}/outputs/{*name}`: a file the call returned (an image, a CSV), before its
+/// result; at most [`outputs::MAX_FILES`] per call of [`outputs::MAX_FILE_BYTES`] each.
+pub async fn put_call_output(
+    State(state): St,
+    claims: RunClaims,
+    Path((id, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<StatusCode, ApiError> {
+    let id = claims.require(RunKind::Call, &id)?;
+    let name = RelativePath::parse(&name).map_err(|e| ApiError::bad_request(format!("invalid file name: {e}")))?;
+    let owner = claims.owner_key();
+    let folder = call_outputs_folder(&id);
+    let target = format!("{folder}{name}");
+    let others = state.store.list(&owner, &folder).await?.into_iter().filter(|o| o.path != target).count();
+    if others >= outputs::MAX_FILES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a call returns at most {} files", outputs::MAX_FILES),
+        ));
+    }
+    let limit = usize::try_from(outputs::MAX_FILE_BYTES).unwrap_or(usize::MAX);
+    let bytes = read_body(&headers, body, limit, "the returned file").await?;
+    state.store.put(&owner, &target, bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `calls/<id>/outputs/`, relative to the owner's prefix.
+pub fn call_outputs_folder(id: &RunId) -> String {
+    format!("calls/{id}/outputs/")
 }
 
 /// `PUT calls/{id}/logs/{stream}`.

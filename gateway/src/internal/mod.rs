@@ -195,6 +195,7 @@ pub fn router(state: InternalState) -> Router {
         .route(&format!("{PREFIX}/calls/{{id}}/input"), get(handlers::call_input))
         .route(&format!("{PREFIX}/calls/{{id}}/result"), put(handlers::call_result))
         .route(&format!("{PREFIX}/calls/{{id}}/logs/{{stream}}"), put(handlers::call_log))
+        .route(&format!("{PREFIX}/calls/{{id}}/outputs/{{*name}}"), put(handlers::put_call_output))
         .route(&format!("{PREFIX}/calls/{{id}}/events"), post(handlers::call_events))
         .route(&format!("{PREFIX}/tasks/{{id}}/events"), post(handlers::task_events))
         .route(

@@ -244,22 +244,25 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
             true,
         ),
         Builtin::ReadArtifact => (
-            "Read a task's file",
-            "Reads a file of one of your coding tasks in chunks of at most 256 KiB: `filename` as list_artifacts \
-             gives it (an artifact name like `scenarios.csv`, or `outputs/…`, `result.json`, `tool_calls.json`, \
-             `events/…`, `actions/…`). Answers {content, encoding, offset, next_offset, size}; read on from \
+            "Read a task's or a call's file",
+            "Reads a file of one of your coding tasks (`task_id`) or tool calls (`call_id`, from a result's _meta) \
+             in chunks of at most 256 KiB. For a task, `filename` as list_artifacts gives it (an artifact name \
+             like `scenarios.csv`, or `outputs/…`, `result.json`, `tool_calls.json`, `events/…`, `actions/…`); \
+             for a call, a file it returned (`plot.png` or `outputs/plot.png`) or `input.json`, `result.json`, \
+             `stdout.log`, `stderr.log`. Answers {content, encoding, offset, next_offset, size}; read on from \
              `next_offset` until it is null. With encoding \"base64\" each chunk decodes on its own; \"text\" \
              needs UTF-8 and never splits a character.",
             json!({
                 "type": "object",
                 "properties": {
                     "task_id": task_id_schema(),
+                    "call_id": {"type": "string", "minLength": 1, "maxLength": 63, "description": "The call id (instead of task_id)."},
                     "filename": {"type": "string", "minLength": 1, "maxLength": 600},
                     "offset": {"type": "integer", "minimum": 0, "default": 0},
                     "length": {"type": "integer", "minimum": 1, "maximum": MAX_CHUNK, "default": MAX_CHUNK},
                     "encoding": {"type": "string", "enum": ["text", "base64"], "default": "text"}
                 },
-                "required": ["task_id", "filename"],
+                "required": ["filename"],
                 "additionalProperties": false
             }),
             json!({"type": "object", "properties": {

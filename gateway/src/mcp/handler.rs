@@ -26,7 +26,7 @@ use crate::core::{CallError, CallInput, ProgressSink};
 use crate::identity::Identity;
 use crate::metrics::CallOutcome;
 use crate::state::AppState;
-use toolyard_api::protocol::Progress;
+use toolyard_api::protocol::{Progress, outputs};
 
 /// Protocol revisions served: the newest rmcp knows, the previous one, and 2025-06-18 for
 /// clients that have not moved on yet.
@@ -329,7 +329,9 @@ impl McpHandler {
         };
         match self.state.calls.call(input).await {
             Ok(called) => {
+                let files = called.result.files.clone();
                 let mut result = convert::call_result_to_mcp(called.result);
+                self.add_outputs(&owner_key, &called.id, &files, &mut result.content).await;
                 let mut meta = rmcp::model::MetaObject::new();
                 meta.0.insert(CALL_ID_META.to_owned(), called.id.as_str().into());
                 result.meta = Some(meta);
@@ -340,6 +342,38 @@ impl McpHandler {
             Err(CallError::Busy(what)) => Err(errors::busy(what, self.retry_after())),
             Err(CallError::QuotaReached(message)) => Ok(super::tasks::error_result(message)),
             Err(CallError::Platform(e)) => Err(errors::from_error(&e, self.retry_after())),
+        }
+    }
+
+    /// The files a call returned, after its value: each image (up to
+    /// [`outputs::MAX_INLINE_IMAGE_BYTES`]) as image content, and every file as a link to the
+    /// caller's stored copy (`toolyard://calls/<id>/files/outputs/<name>`). An image that
+    /// cannot be read back is only linked.
+    async fn add_outputs(
+        &self,
+        owner: &toolyard_api::OwnerKey,
+        id: &toolyard_api::storage::RunId,
+        files: &[outputs::OutputFile],
+        content: &mut Vec<rmcp::model::ContentBlock>,
+    ) {
+        use base64::Engine;
+        for file in files {
+            if file.image && file.size <= outputs::MAX_INLINE_IMAGE_BYTES {
+                match self.state.store.get(owner, &format!("calls/{id}/outputs/{}", file.name)).await {
+                    Ok(Some(bytes)) => content.push(rmcp::model::ContentBlock::image(
+                        base64::engine::general_purpose::STANDARD.encode(&bytes),
+                        file.mime_type.clone(),
+                    )),
+                    Ok(None) => tracing::warn!(call = %id, file = %file.name, "a returned image is not stored"),
+                    Err(e) => {
+                        tracing::warn!(call = %id, file = %file.name, error = %e, "reading a returned image failed")
+                    }
+                }
+            }
+            let link = rmcp::model::Resource::new(super::resources::call_output_uri(id, &file.name), file.name.clone())
+                .with_mime_type(file.mime_type.clone())
+                .with_size(file.size);
+            content.push(rmcp::model::ContentBlock::resource_link(link));
         }
     }
 

@@ -74,6 +74,21 @@ impl TaskResource {
     }
 }
 
+/// Prefix of call resources.
+pub const CALLS_PREFIX: &str = "toolyard://calls/";
+
+/// The URI of a file call `id` returned.
+pub fn call_output_uri(id: &RunId, name: &str) -> String {
+    format!("{CALLS_PREFIX}{id}/files/outputs/{name}")
+}
+
+/// The call and returned file a `toolyard://calls/{call_id}/files/outputs/{+name}` URI names.
+pub fn parse_call_output(uri: &str) -> Option<(RunId, storage::RelativePath)> {
+    let rest = uri.strip_prefix(CALLS_PREFIX)?;
+    let (id, path) = rest.split_once("/files/outputs/")?;
+    Some((RunId::parse(id).ok()?, storage::RelativePath::parse(path).ok()?))
+}
+
 /// The URI of a task's result.
 pub fn result_uri(id: &RunId) -> String {
     format!("{PREFIX}{id}/result")
@@ -101,6 +116,12 @@ pub fn templates() -> ListResourceTemplatesResult {
             "toolyard://tasks/{task_id}/files/{+path}",
             "task-file",
             "One file of one of your coding tasks: outputs/<name>, actions/<step>.py, tool_calls.json, result.json.",
+            "application/octet-stream",
+        ),
+        t(
+            "toolyard://calls/{call_id}/files/outputs/{+name}",
+            "call-file",
+            "A file one of your tool calls returned (an image, a CSV...); the call id is in its result's _meta.",
             "application/octet-stream",
         ),
     ])
@@ -147,6 +168,9 @@ pub async fn list(state: &AppState, who: &Identity, after: Option<&str>) -> Resu
 
 /// `resources/read`.
 pub async fn read(state: &AppState, who: &Identity, uri: &str) -> Result<ReadResourceResult, ErrorData> {
+    if let Some((id, name)) = parse_call_output(uri) {
+        return read_call_output(state, &who.owner_key(), uri, &id, &name).await;
+    }
     let Some(backend) = &state.tasks else { return Err(not_found(uri)) };
     let Some(resource) = TaskResource::parse(uri) else { return Err(not_found(uri)) };
     let owner = who.owner_key();
@@ -200,6 +224,47 @@ pub async fn read(state: &AppState, who: &Identity, uri: &str) -> Result<ReadRes
                 Err(_) => ResourceContents::blob(B64.encode(&chunk.bytes), uri).with_mime_type(mime),
             }
         }
+    };
+    Ok(ReadResourceResult::new(vec![contents]))
+}
+
+/// A file call `id` of `owner` returned, with the media type its result gave it.
+async fn read_call_output(
+    state: &AppState,
+    owner: &OwnerKey,
+    uri: &str,
+    id: &RunId,
+    name: &storage::RelativePath,
+) -> Result<ReadResourceResult, ErrorData> {
+    let store = state.store.as_ref();
+    let path = format!("calls/{id}/outputs/{name}");
+    let chunk = store
+        .get_range(owner, &path, 0, MAX_RESOURCE_BYTES + 1)
+        .await
+        .map_err(|e| internal(&e))?
+        .ok_or_else(|| not_found(uri))?;
+    if chunk.total > MAX_RESOURCE_BYTES {
+        return Err(ErrorData::invalid_params(
+            format!(
+                "{name} has {} bytes, more than a resource carries ({MAX_RESOURCE_BYTES}); read it with read_artifact \
+                 in chunks",
+                chunk.total
+            ),
+            None,
+        ));
+    }
+    let listed = store.get(owner, &format!("calls/{id}/result.json")).await.map_err(|e| internal(&e))?;
+    let mime = listed
+        .and_then(|bytes| serde_json::from_slice::<toolyard_api::protocol::CallResult>(&bytes).ok())
+        .and_then(|r| r.files.into_iter().find(|f| f.name == name.as_str()).map(|f| f.mime_type))
+        .unwrap_or_else(|| mime_of(name.as_str()).to_owned());
+    let contents = if mime.starts_with("text/") || mime == "application/json" {
+        match String::from_utf8(chunk.bytes.to_vec()) {
+            Ok(s) => ResourceContents::text(s, uri).with_mime_type(mime),
+            Err(_) => ResourceContents::blob(B64.encode(&chunk.bytes), uri).with_mime_type(mime),
+        }
+    } else {
+        ResourceContents::blob(B64.encode(&chunk.bytes), uri).with_mime_type(mime)
     };
     Ok(ReadResourceResult::new(vec![contents]))
 }

@@ -471,8 +471,13 @@ impl TaskTools<'_> {
         Ok(json_result(json!({"task_id": id.as_str(), "artifacts": artifacts, "files": files})))
     }
 
-    /// `read_artifact(task_id, filename, offset?, length?, encoding?)`.
+    /// `read_artifact(task_id | call_id, filename, offset?, length?, encoding?)`.
     pub async fn read_artifact(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
+        match (args.get("task_id"), args.get("call_id")) {
+            (Some(_), Some(_)) | (None, None) => return Ok(error_result("give either task_id or call_id")),
+            (None, Some(_)) => return self.read_call_file(args).await,
+            (Some(_), None) => {}
+        }
         let raw = string_arg(args, "task_id");
         let Ok(id) = RunId::parse(raw) else { return Ok(no_such_task(raw)) };
         if !self.exists(&id).await? {
@@ -495,6 +500,41 @@ impl TaskTools<'_> {
             .map_err(|e| internal(self.state, &e))?;
         let Some(chunk) = chunk else {
             return Ok(error_result(format!("no file {filename:?} in task {:?}", id.as_str())));
+        };
+        Ok(match encode_chunk(&chunk.bytes, offset, chunk.total, base64) {
+            Ok(answer) => json_result(answer),
+            Err(message) => error_result(message),
+        })
+    }
+
+    /// `read_artifact(call_id, filename, ...)`: a file a call of the caller returned, or one
+    /// of its records.
+    async fn read_call_file(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
+        let raw = string_arg(args, "call_id");
+        let no_such_call = || error_result(format!("no such call: {:?}", raw.chars().take(64).collect::<String>()));
+        let Ok(id) = RunId::parse(raw) else { return Ok(no_such_call()) };
+        let filename = string_arg(args, "filename");
+        let path = match filename {
+            "input.json" | "result.json" | "stdout.log" | "stderr.log" => format!("calls/{id}/{filename}"),
+            _ => match storage::RelativePath::parse(filename.strip_prefix("outputs/").unwrap_or(filename)) {
+                Ok(name) => format!("calls/{id}/outputs/{name}"),
+                Err(e) => return Ok(error_result(format!("invalid filename {filename:?}: {e}"))),
+            },
+        };
+        let offset = u64_arg(args, "offset").unwrap_or(0);
+        let length = u64_arg(args, "length").unwrap_or(MAX_CHUNK).clamp(1, MAX_CHUNK);
+        let base64 = string_arg(args, "encoding") == "base64";
+        let owner = self.owner();
+        let store = &self.state.store;
+        let chunk = store.get_range(&owner, &path, offset, length).await.map_err(|e| internal(self.state, &e))?;
+        let Some(chunk) = chunk else {
+            let folder = format!("calls/{id}/");
+            let known = !store.list(&owner, &folder).await.map_err(|e| internal(self.state, &e))?.is_empty();
+            return Ok(if known {
+                error_result(format!("no file {filename:?} in call {:?}", id.as_str()))
+            } else {
+                no_such_call()
+            });
         };
         Ok(match encode_chunk(&chunk.bytes, offset, chunk.total, base64) {
             Ok(answer) => json_result(answer),

@@ -22,6 +22,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, env, pool};
 
 use crate::capture::{Capture, Captured};
 use crate::outcome::{self, Exit, Finished};
+use crate::outputs::{self, Output};
 use crate::progress::{ProgressFile, ProgressReporter};
 
 /// Variables of the runner that never reach the tool command: the tool gets no credentials.
@@ -129,6 +130,8 @@ pub struct RunSpec {
 pub struct RunOutput {
     /// The outcome.
     pub result: CallResult,
+    /// The files it returned (listed in `result.files`).
+    pub files: Vec<Output>,
     /// Captured standard output.
     pub stdout: Captured,
     /// Captured standard error.
@@ -202,6 +205,7 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
     let elapsed_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let fail = |kind, message: String| RunOutput {
         result: CallResult::err(kind, message, None, elapsed_ms()),
+        files: Vec::new(),
         stdout: Captured::default(),
         stderr: Captured::default(),
     };
@@ -216,12 +220,20 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
     let result_file = dir.path().join("result.json");
     let error_file = dir.path().join("error.txt");
     let progress_file = dir.path().join("progress.jsonl");
+    let output_dir = dir.path().join("outputs");
+    if let Err(e) = std::fs::create_dir(&output_dir).and_then(|()| outputs::prepare(&output_dir)) {
+        return fail(CallErrorKind::SpawnFailed, format!("cannot create the call's output folder: {e}"));
+    }
 
     let mut command = match spec.command.command() {
         Ok(command) => command,
         Err(e) => return fail(CallErrorKind::SpawnFailed, e),
     };
-    command.env(env::RESULT_FILE, &result_file).env(env::ERROR_FILE, &error_file).env_remove(env::PROTOCOL);
+    command
+        .env(env::RESULT_FILE, &result_file)
+        .env(env::ERROR_FILE, &error_file)
+        .env(env::OUTPUT_DIR, &output_dir)
+        .env_remove(env::PROTOCOL);
     match &spec.traceparent {
         Some(tp) => command.env(env::TRACEPARENT, tp),
         None => command.env_remove(env::TRACEPARENT),
@@ -299,7 +311,7 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
         let _ = follower.await;
     }
 
-    let result = match (stopped, status) {
+    let mut result = match (stopped, status) {
         (Some(reason), _) => CallResult::err(CallErrorKind::TimedOut, reason.message(), None, elapsed_ms()),
         (None, Err(e)) => CallResult::err(
             CallErrorKind::Crashed,
@@ -315,5 +327,6 @@ pub async fn run_once(spec: RunSpec, stop: impl Future<Output = StopReason>) -> 
             duration_ms: elapsed_ms(),
         }),
     };
-    RunOutput { result, stdout, stderr }
+    let files = outputs::finish(&mut result, &output_dir);
+    RunOutput { result, files, stdout, stderr }
 }

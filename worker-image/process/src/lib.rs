@@ -7,6 +7,7 @@
 //! - [`pool`]: a bounded pool of either (one slot per concurrent call, a bounded queue),
 //!   what `toolyard-runner serve` puts behind HTTP and the local mode calls in-process.
 //! - [`outcome`]: how a finished tool process becomes a [`toolyard_api::protocol::CallResult`].
+//! - [`outputs`]: the files a call returns (images and others), checked.
 //! - [`capture`]: bounded capture of a process's output.
 //! - [`progress`]: the function's progress reports (a file, or jsonl protocol lines).
 //!
@@ -17,6 +18,7 @@ pub mod admission;
 pub mod capture;
 pub mod child;
 pub mod outcome;
+pub mod outputs;
 pub mod pool;
 pub mod progress;
 pub mod worker;

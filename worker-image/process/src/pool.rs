@@ -75,6 +75,8 @@ pub struct PoolCall<'a> {
 pub struct PoolOutput {
     /// The outcome (tool failures and timeouts are error results, not errors).
     pub result: CallResult,
+    /// The files it returned (listed in `result.files`).
+    pub files: Vec<crate::outputs::Output>,
     /// Captured stdout (always empty for a reused worker: its stdout is the protocol).
     pub stdout: Captured,
     /// Captured stderr (a reused worker's function prints land here).
@@ -218,7 +220,12 @@ impl WorkerPool {
             })
             .await;
             drop(admitted);
-            return Ok(PoolOutput { result: output.result, stdout: output.stdout, stderr: output.stderr });
+            return Ok(PoolOutput {
+                result: output.result,
+                files: output.files,
+                stdout: output.stdout,
+                stderr: output.stderr,
+            });
         }
         Ok(self.call_worker(call, admitted).await)
     }
@@ -241,7 +248,12 @@ impl WorkerPool {
                 Err(e) => {
                     self.lock_idle().push(None);
                     let result = CallResult::err(CallErrorKind::SpawnFailed, e, None, 0);
-                    return PoolOutput { result, stdout: Captured::default(), stderr: Captured::default() };
+                    return PoolOutput {
+                        result,
+                        files: Vec::new(),
+                        stdout: Captured::default(),
+                        stderr: Captured::default(),
+                    };
                 }
             },
         };
@@ -270,7 +282,7 @@ impl WorkerPool {
                 drop(admitted);
             });
         }
-        PoolOutput { result: outcome.result, stdout: Captured::default(), stderr: outcome.stderr }
+        PoolOutput { result: outcome.result, files: outcome.files, stdout: Captured::default(), stderr: outcome.stderr }
     }
 
     /// Stops the idle workers (killing their process groups) and refuses further calls;

@@ -14,8 +14,9 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 
 use crate::capture::{Capture, Captured};
-use crate::child::{ProcessGroup, StopReason, ToolCommand};
+use crate::child::{ProcessGroup, StopReason, TempDir, ToolCommand};
 use crate::outcome::{Exit, MAX_RESULT_BYTES, signal_name};
+use crate::outputs::{self, Output};
 
 /// Longest answer line accepted (the result plus its envelope).
 const MAX_LINE: u64 = MAX_RESULT_BYTES + 64 * 1024;
@@ -43,6 +44,9 @@ struct Request<'a> {
     /// The caller, for a tool with `callerIdentity: true` (`toolyard.caller()` during this call).
     #[serde(skip_serializing_if = "Option::is_none")]
     caller: Option<&'a toolyard_api::Owner>,
+    /// Where the call's returned files go (`TOOLYARD_OUTPUT_DIR` during this call).
+    #[serde(rename = "outputDir")]
+    output_dir: &'a std::path::Path,
 }
 
 /// One answer line of the jsonl protocol.
@@ -64,6 +68,8 @@ struct Answer {
 pub struct WorkerCall {
     /// The outcome.
     pub result: CallResult,
+    /// The files it returned (listed in `result.files`).
+    pub files: Vec<Output>,
     /// What the function printed during the call.
     pub stderr: Captured,
     /// False when the worker must be replaced (it died, hung or broke the protocol).
@@ -78,6 +84,7 @@ impl Worker {
             .env(env::PROTOCOL, "jsonl")
             .env_remove(env::RESULT_FILE)
             .env_remove(env::ERROR_FILE)
+            .env_remove(env::OUTPUT_DIR)
             .env_remove(env::TRACEPARENT);
         let program = tool.program();
         let mut child = command.spawn().map_err(|e| format!("cannot start the worker command {program:?}: {e}"))?;
@@ -130,9 +137,18 @@ impl Worker {
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.stderr.take();
+        let folder = match TempDir::new("toolyard-outputs").and_then(|d| outputs::prepare(d.path()).map(|()| d)) {
+            Ok(folder) => folder,
+            Err(e) => {
+                let message = format!("cannot create the call's output folder: {e}");
+                let result = CallResult::err(CallErrorKind::SpawnFailed, message, None, ms());
+                return WorkerCall { result, files: Vec::new(), stderr: self.stderr.take(), reusable: true };
+            }
+        };
+        let output_dir = folder.path();
         let exchange = async {
-            let mut line =
-                serde_json::to_vec(&Request { id, arguments, traceparent, caller }).map_err(|e| e.to_string())?;
+            let request = Request { id, arguments, traceparent, caller, output_dir };
+            let mut line = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
             line.push(b'\n');
             self.stdin.write_all(&line).await.map_err(|e| format!("cannot write to the worker: {e}"))?;
             self.stdin.flush().await.map_err(|e| format!("cannot write to the worker: {e}"))?;
@@ -153,7 +169,7 @@ impl Worker {
             }
         };
         let answer = tokio::time::timeout(timeout, exchange).await;
-        let (result, reusable) = match answer {
+        let (mut result, reusable) = match answer {
             Err(_) => {
                 self.group.kill();
                 (CallResult::err(CallErrorKind::TimedOut, StopReason::Deadline(timeout).message(), None, ms()), false)
@@ -179,7 +195,8 @@ impl Worker {
         }
         // Give the stderr reader a moment to catch what was printed just before the answer.
         tokio::task::yield_now().await;
-        WorkerCall { result, stderr: self.stderr.take(), reusable }
+        let files = outputs::finish(&mut result, output_dir);
+        WorkerCall { result, files, stderr: self.stderr.take(), reusable }
     }
 
     /// Reads one line (without the newline), bounded by [`MAX_LINE`].

@@ -164,3 +164,10 @@ def who() -> Any:
 
     who = toolyard.caller()
     return None if who is None else who._asdict()
+
+
+def attach(text: str) -> Optional[str]:
+    """Return `text` as a file `note.txt`."""
+    import toolyard
+
+    return toolyard.file("note.txt", text, "text/plain")

@@ -28,7 +28,7 @@ import sys
 import types
 from typing import IO, Any, NoReturn
 
-from . import _caller, _progress, _tracing
+from . import _caller, _outputs, _progress, _tracing
 from ._types import (
     BadResult,
     FunctionSpec,
@@ -228,12 +228,14 @@ def serve_line(spec: FunctionSpec, line: bytes, out: IO[bytes] | None = None) ->
     if out is not None:
         _progress.begin_call(lambda report: _send(out, {"id": request_id, **report}))
     caller_token = _caller.begin_call(request.get("caller"))
+    outputs_token = _outputs.begin_call(request.get("outputDir"))
     try:
         result = call(spec, request["arguments"], traceparent if isinstance(traceparent, str) else None)
         return {"id": request_id, "ok": True, "result": result}
     except CallFailed as e:
         return {"id": request_id, "ok": False, "kind": e.kind, "error": shorten(e.message)}
     finally:
+        _outputs.end_call(outputs_token)
         _caller.end_call(caller_token)
         _progress.end_call()
 

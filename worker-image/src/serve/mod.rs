@@ -22,6 +22,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
 use clap::Args;
 use serde_json::json;
 use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
@@ -169,8 +171,14 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     };
     let result = output.result;
     tracing::debug!(call = %request.id, ok = !result.is_error(), duration_ms = result.duration_ms, "pool call finished");
-    let response =
-        PoolCallResponse { result, stdout: output.stdout.into_text(), stderr: output.stderr.into_text(), progress };
+    let files = output.files.iter().map(|o| B64.encode(&o.bytes)).collect();
+    let response = PoolCallResponse {
+        result,
+        stdout: output.stdout.into_text(),
+        stderr: output.stderr.into_text(),
+        progress,
+        files,
+    };
     (StatusCode::OK, axum::Json(response)).into_response()
 }
 
