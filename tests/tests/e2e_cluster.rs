@@ -118,6 +118,23 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     assert_eq!(nan.is_error, Some(true));
     assert!(text_of(&nan).contains("NaN"), "{}", text_of(&nan));
 
+    // A function returns an image and a file from its Job's pod: the runner uploads them
+    // through the internal API; the answer shows the image and links both, stored as alice's.
+    let charted = alice.call_tool(call("chart", json!({"points": 2}))).await.expect("tools/call");
+    assert_ne!(charted.is_error, Some(true), "{}", text_of(&charted));
+    let images: Vec<_> = charted.content.iter().filter_map(|c| c.as_image()).collect();
+    assert_eq!(images.iter().map(|i| i.mime_type.as_str()).collect::<Vec<_>>(), ["image/png"], "{charted:?}");
+    let links: Vec<String> =
+        charted.content.iter().filter_map(|c| c.as_resource_link()).map(|l| l.uri.clone()).collect();
+    assert_eq!(links.len(), 2, "{links:?}");
+    assert!(links[1].ends_with("/files/outputs/data/points.csv"), "{links:?}");
+    let read =
+        alice.read_resource(rmcp::model::ReadResourceRequestParams::new(&links[1])).await.expect("resources/read");
+    match &read.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => assert_eq!(text, "x,y\n0,0\n1,1\n"),
+        other => panic!("expected text, got {other:?}"),
+    }
+
     // A hanging function ends at its deadline as a timeout.
     let hung = alice.call_tool(call("hang", json!({}))).await;
     let message = match hung {

@@ -69,6 +69,20 @@ async fn task_of(gw: &Gateway, ns: &str, owner: &toolyard_api::Owner) -> (TaskRe
     (task, token)
 }
 
+/// Lets `user` start coding tasks in `ns` with any model profile.
+async fn grant_tasks(ns: &str, user: &str) {
+    gateway_support::apply_role(
+        ns,
+        &format!("{user}-tasks"),
+        vec![
+            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
+            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
+        ],
+        vec![gateway_support::user_subject(user)],
+    )
+    .await;
+}
+
 fn args(v: Value) -> serde_json::Map<String, Value> {
     v.as_object().expect("object").clone()
 }
@@ -425,16 +439,7 @@ async fn the_per_user_call_limit_holds_across_two_replicas() {
     };
     let owner = platform.next().await.call.spec.owner;
     let alice = OwnerKey::derive(&owner.issuer, &owner.user);
-    let seen_by_b = |n: usize| {
-        let executor = b.state.executor.clone();
-        let alice = alice.clone();
-        move || {
-            let executor = executor.clone();
-            let alice = alice.clone();
-            async move { Ok(executor.running_elsewhere(&alice) == n) }
-        }
-    };
-    wait_until(Duration::from_secs(30), "replica b sees alice's call on a", seen_by_b(1)).await.expect("watch");
+    gateway_support::wait_running_elsewhere(&b, &alice, 1, "replica b sees alice's call on a").await.expect("watch");
     let on_b = b.client(User::Alice).await;
     match on_b.call_tool(call("held", json!({"x": 2}))).await.expect_err("busy on the other replica") {
         rmcp::ServiceError::McpError(e) => {
@@ -445,7 +450,7 @@ async fn the_per_user_call_limit_holds_across_two_replicas() {
     }
     release.notify_one();
     assert_eq!(first.await.expect("join").expect("first call").is_error, Some(false));
-    wait_until(Duration::from_secs(30), "replica b sees the call finish", seen_by_b(0)).await.expect("watch");
+    gateway_support::wait_running_elsewhere(&b, &alice, 0, "replica b sees the call finish").await.expect("watch");
     let second = tokio::spawn(async move { on_b.call_tool(call("held", json!({"x": 3}))).await });
     platform.next().await;
     release.notify_one();
@@ -457,16 +462,7 @@ async fn the_per_user_call_limit_holds_across_two_replicas() {
 #[tokio::test]
 async fn the_per_user_task_limit_holds_across_two_replicas() {
     let ns = setup("gwtasklimit", &[]).await;
-    gateway_support::apply_role(
-        &ns,
-        "alice-tasks",
-        vec![
-            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
-            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
-        ],
-        vec![gateway_support::user_subject("alice")],
-    )
-    .await;
+    grant_tasks(&ns, "alice").await;
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "modelprofiles", "use", Some("default")).await;
     let mut options = Options::default();
     options.settings.limits.max_tasks_per_user = 1;
@@ -605,16 +601,7 @@ async fn a_tasks_artifacts_are_capped_in_number_and_bytes() {
 async fn users_delete_their_own_finished_calls_and_tasks() {
     let ns = setup("gwdelete", &[("held", "held", 300)]).await;
     grant_call(&ns, "bob-calls", &[], &["bob"], &[]).await;
-    gateway_support::apply_role(
-        &ns,
-        "alice-tasks",
-        vec![
-            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
-            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
-        ],
-        vec![gateway_support::user_subject("alice")],
-    )
-    .await;
+    grant_tasks(&ns, "alice").await;
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "codingtasks", "create", None).await;
     gateway_support::wait_allowed("bob", &[], &ns, "toolyard.dev", "mcptools", "call", Some("held")).await;
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
@@ -718,16 +705,7 @@ async fn users_delete_their_own_finished_calls_and_tasks() {
 #[tokio::test]
 async fn calls_and_tasks_at_the_storage_quota_are_refused() {
     let ns = setup("gwquota", &[("echo", "echo", 60)]).await;
-    gateway_support::apply_role(
-        &ns,
-        "alice-tasks",
-        vec![
-            gateway_support::rule(&["toolyard.dev"], &["codingtasks"], &["create"]),
-            gateway_support::rule(&["toolyard.dev"], &["modelprofiles"], &["use"]),
-        ],
-        vec![gateway_support::user_subject("alice")],
-    )
-    .await;
+    grant_tasks(&ns, "alice").await;
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "modelprofiles", "use", Some("default")).await;
     let mut options = Options::default();
     options.settings.limits.storage_quota_bytes = 1;

@@ -76,6 +76,7 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
     let noisy = start_pool(&derived("noisy-pool"), "noisy").await;
     let fail = start_pool(&derived("fail-pool"), "fail").await;
     let steps = start_pool(&derived("steps-pool"), "steps").await;
+    let chart = start_pool(&derived("chart-pool"), "chart").await;
     // A pool holding some other pool's key: the gateway's token must not be accepted there.
     let stranger = start_pool(&derived("someone-else"), "echo").await;
     for (object, name, props, required, pool) in [
@@ -83,6 +84,7 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
         ("noisy-pool", "noisy_pool", json!({"n": {"type": "integer"}}), vec!["n"], &noisy),
         ("fail-pool", "fail_pool", json!({"message": {"type": "string"}}), vec!["message"], &fail),
         ("steps-pool", "steps_pool", json!({"n": {"type": "integer"}, "pause": {"type": "number"}}), vec!["n"], &steps),
+        ("chart-pool", "chart_pool", json!({"points": {"type": "integer"}}), vec![], &chart),
         ("wrong-key", "wrong_key", json!({"value": {}}), vec!["value"], &stranger),
     ] {
         create_tool(&ns, object, pool_spec(name, props, &required), true).await;
@@ -194,6 +196,20 @@ async fn pool_tools_are_called_on_their_warm_pool_and_their_files_are_stored() {
     );
     assert_eq!(events[3]["data"], json!({"fraction": 1.0, "message": "step 2 of 2"}));
     assert_eq!(events[0]["data"], json!({"tool": "steps_pool", "mode": "Pool"}));
+
+    // Returned files travel in the pool's answer; the gateway stores them as alice's before it
+    // answers with the image and links to both.
+    let r = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("chart_pool").with_arguments(args(json!({"points": 2}))))
+        .await
+        .expect("chart");
+    assert_eq!(r.structured_content, Some(json!({"points": 2, "image": "chart.png", "table": "data/points.csv"})));
+    assert_eq!(r.content.iter().filter(|c| c.as_image().is_some()).count(), 1, "{r:?}");
+    let id = r.meta.as_ref().and_then(|m| m.0[toolyard_gateway::mcp::CALL_ID_META].as_str()).expect("call id");
+    let csv = gw.store.get(&owner, &format!("calls/{id}/outputs/data/points.csv")).await.expect("get");
+    assert_eq!(csv.as_deref(), Some(&b"x,y\n0,0\n1,1\n"[..]), "stored before the answer");
+    let links = r.content.iter().filter_map(|c| c.as_resource_link()).count();
+    assert_eq!(links, 2);
     client.cancel().await.ok();
 }
 
@@ -222,15 +238,6 @@ async fn the_per_user_call_limit_counts_pool_calls_on_every_replica() {
     let a = Gateway::start(std::slice::from_ref(&ns), options.clone()).await;
     let b = Gateway::start(std::slice::from_ref(&ns), options).await;
     let alice = OwnerKey::derive("kubernetes", "alice");
-    let seen_by_b = |n: usize| {
-        let executor = b.state.executor.clone();
-        let alice = alice.clone();
-        move || {
-            let executor = executor.clone();
-            let alice = alice.clone();
-            async move { Ok(executor.running_elsewhere(&alice) == n) }
-        }
-    };
 
     // A call held in alice's warm pool through replica a (plain JSON-RPC, so that it can be
     // cancelled by its request id).
@@ -249,13 +256,9 @@ async fn the_per_user_call_limit_counts_pool_calls_on_every_replica() {
         json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
                "params": {"name": "hang_pool", "arguments": {"seconds": 600}}}),
     ));
-    toolyard_tests::wait_until(
-        std::time::Duration::from_secs(30),
-        "replica b sees alice's pool call on a",
-        seen_by_b(1),
-    )
-    .await
-    .expect("the load Lease");
+    gateway_support::wait_running_elsewhere(&b, &alice, 1, "replica b sees alice's pool call on a")
+        .await
+        .expect("the load Lease");
     let on_b = b.client(User::Alice).await;
     let args = |v: Value| v.as_object().expect("object").clone();
     let echo_call = || rmcp::model::CallToolRequestParams::new("echo_pool").with_arguments(args(json!({"value": 1})));
@@ -273,7 +276,7 @@ async fn the_per_user_call_limit_counts_pool_calls_on_every_replica() {
     assert_eq!(cancelled.status(), 202);
     let body = held.await.expect("join").expect("response").text().await.expect("body");
     assert!(body.contains("cancelled"), "{body}");
-    toolyard_tests::wait_until(std::time::Duration::from_secs(30), "replica b sees the pool call end", seen_by_b(0))
+    gateway_support::wait_running_elsewhere(&b, &alice, 0, "replica b sees the pool call end")
         .await
         .expect("the load Lease");
     let r = on_b.call_tool(echo_call()).await.expect("the call on b");

@@ -203,21 +203,7 @@ pub async fn read(state: &AppState, who: &Identity, uri: &str) -> Result<ReadRes
             text(lines, "application/x-ndjson")
         }
         TaskResource::File(id, file, path) => {
-            let chunk = store
-                .get_range(&owner, &task_path(&owner, id, file), 0, MAX_RESOURCE_BYTES + 1)
-                .await
-                .map_err(|e| internal(&e))?
-                .ok_or_else(|| not_found(uri))?;
-            if chunk.total > MAX_RESOURCE_BYTES {
-                return Err(ErrorData::invalid_params(
-                    format!(
-                        "{path} has {} bytes, more than a resource carries ({MAX_RESOURCE_BYTES}); read it with \
-                         read_artifact in chunks",
-                        chunk.total
-                    ),
-                    None,
-                ));
-            }
+            let chunk = small_file(store, &owner, &task_path(&owner, id, file), uri, path).await?;
             let mime = mime_of(path);
             match String::from_utf8(chunk.bytes.to_vec()) {
                 Ok(s) => text(s, mime),
@@ -226,6 +212,32 @@ pub async fn read(state: &AppState, who: &Identity, uri: &str) -> Result<ReadRes
         }
     };
     Ok(ReadResourceResult::new(vec![contents]))
+}
+
+/// A stored file of `owner` small enough for a resource (`shown` names it in the error).
+async fn small_file(
+    store: &dyn crate::store::ArtifactStore,
+    owner: &OwnerKey,
+    path: &str,
+    uri: &str,
+    shown: &str,
+) -> Result<crate::store::Chunk, ErrorData> {
+    let chunk = store
+        .get_range(owner, path, 0, MAX_RESOURCE_BYTES + 1)
+        .await
+        .map_err(|e| internal(&e))?
+        .ok_or_else(|| not_found(uri))?;
+    if chunk.total > MAX_RESOURCE_BYTES {
+        return Err(ErrorData::invalid_params(
+            format!(
+                "{shown} has {} bytes, more than a resource carries ({MAX_RESOURCE_BYTES}); read it with \
+                 read_artifact in chunks",
+                chunk.total
+            ),
+            None,
+        ));
+    }
+    Ok(chunk)
 }
 
 /// A file call `id` of `owner` returned, with the media type its result gave it.
@@ -237,22 +249,7 @@ async fn read_call_output(
     name: &storage::RelativePath,
 ) -> Result<ReadResourceResult, ErrorData> {
     let store = state.store.as_ref();
-    let path = format!("calls/{id}/outputs/{name}");
-    let chunk = store
-        .get_range(owner, &path, 0, MAX_RESOURCE_BYTES + 1)
-        .await
-        .map_err(|e| internal(&e))?
-        .ok_or_else(|| not_found(uri))?;
-    if chunk.total > MAX_RESOURCE_BYTES {
-        return Err(ErrorData::invalid_params(
-            format!(
-                "{name} has {} bytes, more than a resource carries ({MAX_RESOURCE_BYTES}); read it with read_artifact \
-                 in chunks",
-                chunk.total
-            ),
-            None,
-        ));
-    }
+    let chunk = small_file(store, owner, &format!("calls/{id}/outputs/{name}"), uri, name.as_str()).await?;
     let listed = store.get(owner, &format!("calls/{id}/result.json")).await.map_err(|e| internal(&e))?;
     let mime = listed
         .and_then(|bytes| serde_json::from_slice::<toolyard_api::protocol::CallResult>(&bytes).ok())

@@ -294,6 +294,22 @@ pub async fn delete_tool(ns: &str, object_name: &str) {
     api.delete(object_name, &DeleteParams::default()).await.expect("delete McpTool");
 }
 
+/// Waits (30 s at most) until replica `gw` counts `n` calls of `owner` running on other
+/// replicas (`what` names the wait).
+pub async fn wait_running_elsewhere(
+    gw: &Gateway,
+    owner: &toolyard_api::OwnerKey,
+    n: usize,
+    what: &str,
+) -> anyhow::Result<()> {
+    let executor = gw.state.executor.clone();
+    toolyard_tests::wait_until(Duration::from_secs(30), what, || {
+        let executor = executor.clone();
+        async move { Ok(executor.running_elsewhere(owner) == n) }
+    })
+    .await
+}
+
 /// ToolCalls in `ns` (as admin).
 pub async fn toolcalls(ns: &str) -> Vec<ToolCall> {
     let api: Api<ToolCall> = Api::namespaced(TestEnv::get().client(User::Admin).await, ns);
