@@ -510,6 +510,32 @@ async fn the_tasks_extension_returns_a_handle_and_tasks_get_follows_it() {
     assert!(unknown.contains("no such task"), "{unknown}");
     let unknown = client.peer().cancel_task(CancelTaskParams::new("task-000000000000")).await.unwrap_err().to_string();
     assert!(unknown.contains("no such task"), "{unknown}");
+
+    // A Job-mode tool runs as a task for this client too; a Pool-mode one answers at once.
+    let params = CallToolRequestParams::new("price_option").with_arguments(coding_support::args(
+        json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05}),
+    ));
+    let CallToolResponse::Task(handle) = client.peer().call_tool_once(params).await.expect("tools/call") else {
+        panic!("a Job-mode call of a tasks-extension client is a task")
+    };
+    let call_id = handle.task.task_id.clone();
+    let mut done = None;
+    for _ in 0..300 {
+        let got = client.peer().get_task(GetTaskParams::new(call_id.clone())).await.expect("tasks/get");
+        if got.task.status() != McpTaskStatus::Working {
+            done = Some(got);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = serde_json::to_value(done.expect("the call completes")).expect("json");
+    assert_eq!(done["status"], "completed", "{done}");
+    let price = done["result"]["structuredContent"]["price"].as_f64().expect("a price");
+    assert!((price - 10.4506).abs() < 1e-4, "{done}");
+    assert_eq!(done["result"]["_meta"]["toolyard.dev/callId"], call_id.as_str());
+    let quote = CallToolRequestParams::new("get_quote").with_arguments(coding_support::args(json!({"symbol": "aapl"})));
+    let answered = client.peer().call_tool_once(quote).await.expect("tools/call");
+    assert!(matches!(answered, CallToolResponse::Complete(_)), "a Pool-mode call answers at once: {answered:?}");
     gateway.stop().await;
 }
 

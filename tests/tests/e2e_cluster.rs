@@ -118,6 +118,49 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     assert_eq!(nan.is_error, Some(true));
     assert!(text_of(&nan).contains("NaN"), "{}", text_of(&nan));
 
+    // A Job-mode call from a client with the MCP tasks extension gets a task handle at once.
+    // The call outlives the replica that started it (stopped as a rolling update stops a
+    // pod), and tasks/get on another replica follows it to its result.
+    let replica = platform.start_replica().await;
+    let token = TestEnv::get().token(User::Alice).to_owned();
+    let on_replica = coding_support::connect_with(platform.http(), &format!("{replica}/mcp"), &token, true).await;
+    let started = on_replica.peer().call_tool_once(call("steps", json!({"n": 2, "pause": 1.0}))).await;
+    let Ok(rmcp::model::CallToolResponse::Task(handle)) = started else {
+        panic!("a tasks-extension client gets a task handle: {started:?}")
+    };
+    let id = handle.task.task_id.clone();
+    platform.stop_replicas().await;
+    let on_main = coding_support::connect_with(platform.http(), &format!("{}/mcp", platform.base), &token, true).await;
+    let get = |id: String| {
+        let peer = on_main.peer().clone();
+        async move { peer.get_task(rmcp::model::GetTaskParams::new(id)).await }
+    };
+    let mut last = None;
+    for _ in 0..240 {
+        let task = get(id.clone()).await.expect("tasks/get");
+        if task.task.status() != rmcp::model::TaskStatus::Working {
+            last = Some(task);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let Some(done) = last else {
+        platform.dump_logs();
+        panic!("the call task never completed")
+    };
+    let rmcp::model::TaskPayload::Completed { result } = &done.task.payload else {
+        panic!("completed: {:?}", done.task.payload)
+    };
+    assert_eq!(result["structuredContent"], json!({"n": 2}), "{result:?}");
+    assert_eq!(result["_meta"]["toolyard.dev/callId"], json!(id));
+    let tool_call =
+        Api::<ToolCall>::namespaced(env.client(User::Admin).await, &platform.ns).get(&id).await.expect("ToolCall");
+    assert!(!tool_call.spec.cancel_requested, "stopping the replica did not cancel the call");
+    // Another user's task id is unknown to bob.
+    let bob_token = TestEnv::get().token(User::Bob).to_owned();
+    let bob = coding_support::connect_with(platform.http(), &format!("{}/mcp", platform.base), &bob_token, true).await;
+    assert!(bob.peer().get_task(rmcp::model::GetTaskParams::new(id.clone())).await.is_err(), "bob cannot see it");
+
     // A function returns an image and a file from its Job's pod: the runner uploads them
     // through the internal API; the answer shows the image and links both, stored as alice's.
     let charted = alice.call_tool(call("chart", json!({"points": 2}))).await.expect("tools/call");

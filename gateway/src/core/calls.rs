@@ -43,6 +43,19 @@ pub struct CallInput {
     pub cancel_key: Option<String>,
     /// Where the function's progress goes while the caller waits (`None`: nobody asked).
     pub progress: Option<Arc<dyn ProgressSink>>,
+    /// Set for a call run as an MCP task: its id (chosen by the front door, which answers
+    /// with it), and a signal sent once the call is admitted, before it runs. Its run outlives
+    /// the request and this process ([`CallRequest::detached`]).
+    pub task: Option<TaskStart>,
+}
+
+/// How a call started as an MCP task begins: see [`CallInput::task`].
+#[derive(Debug)]
+pub struct TaskStart {
+    /// The call id.
+    pub id: RunId,
+    /// Receives `()` once the call is admitted (dropped unsent when it is refused).
+    pub admitted: tokio::sync::oneshot::Sender<()>,
 }
 
 /// Takes a call's progress reports while its caller waits: an MCP client's
@@ -235,7 +248,13 @@ impl Calls {
             }
         };
 
-        let id = new_call_id(tool.name());
+        let (id, detached) = match input.task {
+            Some(task) => {
+                let _ = task.admitted.send(());
+                (task.id, true)
+            }
+            None => (new_call_id(tool.name()), false),
+        };
         tracing::Span::current().record("toolyard.call.id", tracing::field::display(&id));
         // The executor's span is the parent of everything the call runs elsewhere (the
         // controller's reconcile, the runner, the function).
@@ -258,6 +277,7 @@ impl Calls {
             cancel_key: input.cancel_key,
             progress,
             accepted_at: jiff::Timestamp::now(),
+            detached,
         };
         self.metrics.calls_in_flight().inc();
         let execution = self.executor.call(request).instrument(execute);

@@ -11,4 +11,4 @@ pub mod ids;
 pub mod quota;
 
 pub use access::{Access, Selection};
-pub use calls::{CallError, CallInput, Called, Calls, ProgressSink};
+pub use calls::{CallError, CallInput, Called, Calls, ProgressSink, TaskStart};

@@ -40,7 +40,7 @@ use super::events::{self, ProgressHub};
 use super::load::{LoadSettings, PoolLoad};
 use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
 use super::running::{REPLICA_LABEL, RunningElsewhere};
-use super::{CallRequest, Executor, Forgotten, ResultRecorder};
+use super::{CallRequest, CallState, Executor, Forgotten, ResultRecorder};
 use crate::catalog::kube::Namespaces;
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
@@ -279,6 +279,10 @@ impl KubeExecutor {
         let params = PostParams { field_manager: Some(GATEWAY_MANAGER.to_owned()), ..PostParams::default() };
         self.with_timeout(api.create(&params, &object)).await?;
         let mut cancel_guard = CancelOnDrop { api: Some(api.clone()), name: id.to_string() };
+        if request.detached {
+            // An MCP task's run outlives this wait (a restart of this process, say).
+            cancel_guard.disarm();
+        }
         tracing::info!(namespace = %namespace, "ToolCall created");
 
         let deadline = tokio::time::Instant::now()
@@ -392,6 +396,19 @@ impl KubeExecutor {
         run_pool_call(&self.pool, &self.records, target, request).await
     }
 
+    /// The caller's ToolCalls named `id` in the served namespaces (one, or none).
+    async fn tool_calls_named(&self, owner: &OwnerKey, id: &RunId) -> Result<Vec<ToolCall>> {
+        let params = kube::api::ListParams::default()
+            .labels(&format!("{OWNER_LABEL}={owner}"))
+            .fields(&format!("metadata.name={id}"));
+        let mut found = Vec::new();
+        for api in self.namespaces.apis::<ToolCall>(&self.client) {
+            let calls = self.with_timeout(api.list(&params)).await?.items;
+            found.extend(calls.into_iter().filter(|c| c.spec.owner.key() == *owner));
+        }
+        Ok(found)
+    }
+
     async fn with_timeout<T>(&self, fut: impl Future<Output = kube::Result<T>>) -> Result<T> {
         match tokio::time::timeout(self.settings.api_timeout, fut).await {
             Ok(r) => r.map_err(Error::from),
@@ -416,29 +433,31 @@ impl Executor for KubeExecutor {
     /// Finds the caller's ToolCall named `id` in the served namespaces; deletes it when it
     /// has finished. Pool calls have no ToolCall.
     async fn forget(&self, owner: &OwnerKey, id: &RunId) -> Result<Forgotten> {
-        let params = kube::api::ListParams::default()
-            .labels(&format!("{OWNER_LABEL}={owner}"))
-            .fields(&format!("metadata.name={id}"));
         let mut found = Forgotten::Nothing;
-        for api in self.namespaces.apis::<ToolCall>(&self.client) {
-            for call in self.with_timeout(api.list(&params)).await?.items {
-                if call.spec.owner.key() != *owner {
-                    continue;
-                }
-                if finished_condition(&call).is_none() {
-                    return Ok(Forgotten::Running);
-                }
-                let namespaced: Api<ToolCall> =
-                    Api::namespaced(self.client.clone(), &call.namespace().unwrap_or_default());
-                match self.with_timeout(namespaced.delete(id.as_str(), &Default::default())).await {
-                    Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {}
-                    Err(e) => return Err(e),
-                    Ok(_) => {}
-                }
-                found = Forgotten::Removed;
+        for call in self.tool_calls_named(owner, id).await? {
+            if finished_condition(&call).is_none() {
+                return Ok(Forgotten::Running);
             }
+            let namespaced: Api<ToolCall> = Api::namespaced(self.client.clone(), &call.namespace().unwrap_or_default());
+            match self.with_timeout(namespaced.delete(id.as_str(), &Default::default())).await {
+                Err(Error::Kube(kube::Error::Api(e))) if e.code == 404 => {}
+                Err(e) => return Err(e),
+                Ok(_) => {}
+            }
+            found = Forgotten::Removed;
         }
         Ok(found)
+    }
+
+    /// The caller's ToolCall named `id`: running, or ended as its condition says.
+    async fn call_state(&self, owner: &OwnerKey, id: &RunId) -> Result<CallState> {
+        Ok(match self.tool_calls_named(owner, id).await?.first() {
+            None => CallState::Unknown,
+            Some(call) => match finished_condition(call) {
+                None => CallState::Running,
+                Some(condition) => CallState::Ended(result_from_condition(&condition, 0)),
+            },
+        })
     }
 
     async fn flush(&self) {

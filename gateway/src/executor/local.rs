@@ -32,7 +32,7 @@ use toolyard_process::progress::ProgressLog;
 
 use super::events::{self, ProgressHub};
 use super::pool::{CallRecord, CallRecords, call_file};
-use super::{CallRequest, Executor, ResultRecorder};
+use super::{CallRequest, CallState, Executor, ResultRecorder};
 use crate::catalog::Tool;
 use crate::local::workers::WarmPools;
 use crate::store::ArtifactStore;
@@ -124,6 +124,10 @@ pub struct LocalResults {
 }
 
 impl LocalResults {
+    fn waits_for(&self, owner: &OwnerKey, id: &RunId) -> bool {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&(owner.clone(), id.to_string()))
+    }
+
     fn register(&self, owner: &OwnerKey, id: &RunId) -> oneshot::Receiver<CallResult> {
         let (tx, rx) = oneshot::channel();
         self.waiters.lock().unwrap_or_else(|e| e.into_inner()).insert((owner.clone(), id.to_string()), tx);
@@ -369,6 +373,12 @@ impl Executor for LocalExecutor {
             ExecutionMode::Pool => self.call_pool(request).await,
             ExecutionMode::Job => self.call_job(request).await,
         }
+    }
+
+    /// A Job-mode call runs while its runner's result is awaited in this process; runners do
+    /// not outlive the process, so nothing else runs.
+    async fn call_state(&self, owner: &OwnerKey, id: &RunId) -> Result<CallState> {
+        Ok(if self.results.waits_for(owner, id) { CallState::Running } else { CallState::Unknown })
     }
 
     async fn flush(&self) {

@@ -44,6 +44,22 @@ pub struct CallRequest {
     pub progress: Option<events::ProgressSender>,
     /// When the gateway admitted the call (the `call_accepted` event's time).
     pub accepted_at: jiff::Timestamp,
+    /// A call run as an MCP task: its run outlives the request and this process (dropping the
+    /// call's future does not stop it; [`CallRequest::cancel`] still does), and its state is
+    /// read back with [`Executor::call_state`].
+    pub detached: bool,
+}
+
+/// Where a call stands, as the platform knows it (see [`Executor::call_state`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallState {
+    /// It runs.
+    Running,
+    /// It ended; the result as the platform recorded it (the stored `result.json` is read
+    /// first, so this is the result of a run that stored none: a timeout, a cancellation).
+    Ended(CallResult),
+    /// The platform knows nothing of it (or no more).
+    Unknown,
 }
 
 /// Runs tool calls.
@@ -70,6 +86,13 @@ pub trait Executor: Send + Sync + 'static {
     fn running_elsewhere(&self, owner: &OwnerKey) -> usize {
         let _ = owner;
         0
+    }
+
+    /// Where call `id` of `owner` stands, wherever it was started (for MCP tasks: a call
+    /// started through another replica, or before a restart).
+    async fn call_state(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<CallState> {
+        let _ = (owner, id);
+        Ok(CallState::Unknown)
     }
 
     /// Removes what the platform keeps of call `id` of `owner` besides its files (its

@@ -128,6 +128,7 @@ pub async fn tool_call(
         cancel,
         cancel_key: None,
         progress: None,
+        task: None,
     };
     let failed = |text: String, call_id: Option<&RunId>| ToolOutcome {
         is_error: true,

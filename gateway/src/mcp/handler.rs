@@ -22,11 +22,16 @@ use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::Tool;
 use crate::core::ids::is_traceparent;
-use crate::core::{CallError, CallInput, ProgressSink};
+use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
+use crate::executor::CallState;
 use crate::identity::Identity;
 use crate::metrics::CallOutcome;
 use crate::state::AppState;
+use rmcp::model::{CreateTaskResult, DetailedTask, Task, TaskPayload, TaskStatus as McpTaskStatus};
+use toolyard_api::mcptool::ExecutionMode;
+use toolyard_api::protocol::CallErrorKind;
 use toolyard_api::protocol::{Progress, outputs};
+use toolyard_api::storage::RunId;
 
 /// Protocol revisions served: the newest rmcp knows, the previous one, and 2025-06-18 for
 /// clients that have not moved on yet.
@@ -35,6 +40,15 @@ pub const SUPPORTED_PROTOCOL_VERSIONS: &[ProtocolVersion] =
 
 /// The `_meta` key of a tool result holding the call's id (what `delete_call` takes).
 pub const CALL_ID_META: &str = "toolyard.dev/callId";
+
+/// How often a client should poll `tasks/get` of a call started as a task.
+const CALL_TASK_POLL_MS: u64 = 1000;
+
+/// The request id a call started as a task is cancelled by (`tasks/cancel` names the task,
+/// not a request): the same mechanism as `notifications/cancelled`, wherever it runs.
+fn task_request_id(id: &impl std::fmt::Display) -> Value {
+    Value::String(format!("task:{id}"))
+}
 
 /// Most resources one subscription may watch.
 const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
@@ -299,7 +313,145 @@ impl McpHandler {
             }
             return self.call_builtin(builtin, who, request, context).await;
         }
+        let job = self
+            .state
+            .catalog
+            .get(&request.name)
+            .is_some_and(|t| t.spec.execution.mode == ExecutionMode::Job && scope.selection().contains(&t));
+        if job && context.client_capabilities().is_some_and(|c| c.supports_tasks()) {
+            return self.call_as_task(request, &info).await;
+        }
         self.call_registered(request, &info).await.map(Into::into)
+    }
+
+    /// `tools/call` of a Job-mode tool from a client with the tasks extension: admitted like
+    /// any call, then answered at once with a task handle (the call id) while the call runs
+    /// detached from the request and from this process. `tasks/get` follows it from storage
+    /// and the cluster's state ([`McpHandler::call_task`]), on any replica and after a
+    /// restart; `tasks/cancel` stops it like `notifications/cancelled` would.
+    async fn call_as_task(
+        &self,
+        request: CallToolRequestParams,
+        info: &RequestInfo<'_>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let who = info.identity()?.clone();
+        let owner_key = who.owner_key();
+        let id = crate::core::ids::new_call_id(&request.name);
+        let cancel_key = cancel::cancel_key(&owner_key, &task_request_id(&id));
+        let cancel = CancellationToken::new();
+        let (admitted, started) = tokio::sync::oneshot::channel();
+        let input = CallInput {
+            who,
+            selection: info.scope().selection(),
+            tool: request.name.into_owned(),
+            arguments: request.arguments.unwrap_or_default(),
+            traceparent: info.traceparent(),
+            parent_task: None,
+            cancel: cancel.clone(),
+            cancel_key: Some(cancel_key.clone()),
+            progress: None,
+            task: Some(TaskStart { id: id.clone(), admitted }),
+        };
+        let (calls, cancels) = (Arc::clone(&self.state.calls), Arc::clone(&self.state.cancels));
+        let mut run = tokio::spawn(async move {
+            let _registration = cancels.register(cancel_key, cancel);
+            calls.call(input).await
+        });
+        tokio::select! {
+            Ok(()) = started => {
+                let now = jiff::Timestamp::now().to_string();
+                let handle = Task::new(id.to_string(), McpTaskStatus::Working, now.clone(), now)
+                    .with_poll_interval_ms(CALL_TASK_POLL_MS)
+                    .with_status_message("the call is running");
+                Ok(CallToolResponse::Task(CreateTaskResult::new(handle)))
+            }
+            joined = &mut run => match joined {
+                Ok(Ok(called)) => Ok(self.answer(&owner_key, called.id, called.result).await.into()),
+                Ok(Err(e)) => self.refused(e).map(Into::into),
+                Err(e) => Err(ErrorData::internal_error(format!("the call failed: {e}"), None)),
+            },
+        }
+    }
+
+    /// `tasks/get` of a call started as a task: its stored result, else what the platform
+    /// knows of its run; `None` when `raw_id` names no call of `who`.
+    async fn call_task(&self, who: &Identity, raw_id: &str) -> Result<Option<DetailedTask>, ErrorData> {
+        let Ok(id) = RunId::parse(raw_id) else { return Ok(None) };
+        let owner = who.owner_key();
+        let store = self.state.store.as_ref();
+        let stored =
+            store.get(&owner, &format!("calls/{id}/result.json")).await.map_err(|e| self.platform_error(&e))?;
+        let result = match stored.and_then(|b| serde_json::from_slice::<toolyard_api::protocol::CallResult>(&b).ok()) {
+            Some(result) => Some(result),
+            None => match self.state.executor.call_state(&owner, &id).await.map_err(|e| self.platform_error(&e))? {
+                CallState::Running => None,
+                CallState::Ended(result) => Some(result),
+                CallState::Unknown => {
+                    let accepted = store.get(&owner, &format!("calls/{id}/input.json")).await;
+                    if !accepted.map_err(|e| self.platform_error(&e))?.is_some() {
+                        return Ok(None);
+                    }
+                    let error = ErrorData::internal_error("the call ended without a result (its run was lost)", None);
+                    let error =
+                        serde_json::to_value(error).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default();
+                    return Ok(Some(self.call_task_state(&id, TaskPayload::Failed { error })));
+                }
+            },
+        };
+        let payload = match result {
+            None => TaskPayload::Working,
+            Some(r) if r.error.as_ref().is_some_and(|e| e.kind == CallErrorKind::Cancelled) => TaskPayload::Cancelled,
+            Some(r) => {
+                let answer = self.answer(&owner, id.clone(), r).await;
+                let result = serde_json::to_value(answer).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default();
+                TaskPayload::Completed { result }
+            }
+        };
+        Ok(Some(self.call_task_state(&id, payload)))
+    }
+
+    fn call_task_state(&self, id: &RunId, payload: TaskPayload) -> DetailedTask {
+        let now = jiff::Timestamp::now().to_string();
+        let task = Task::new(id.to_string(), McpTaskStatus::Working, now.clone(), now)
+            .with_poll_interval_ms(CALL_TASK_POLL_MS);
+        DetailedTask::new(task, payload)
+    }
+
+    /// `tasks/cancel` of a call started as a task: `false` when `raw_id` names no running
+    /// call of `who`.
+    async fn cancel_call_task(&self, who: &Identity, raw_id: &str) -> Result<bool, ErrorData> {
+        let Some(task) = self.call_task(who, raw_id).await? else { return Ok(false) };
+        if task.status() == McpTaskStatus::Working {
+            cancel::on_cancelled(&self.state, who, &task_request_id(&task.task.task_id));
+        }
+        Ok(true)
+    }
+
+    /// The MCP answer of a call: its value, the files it returned, and its id in `_meta`.
+    async fn answer(
+        &self,
+        owner: &toolyard_api::OwnerKey,
+        id: RunId,
+        result: toolyard_api::protocol::CallResult,
+    ) -> CallToolResult {
+        let files = result.files.clone();
+        let mut answer = convert::call_result_to_mcp(result);
+        self.add_outputs(owner, &id, &files, &mut answer.content).await;
+        let mut meta = rmcp::model::MetaObject::new();
+        meta.0.insert(CALL_ID_META.to_owned(), id.as_str().into());
+        answer.meta = Some(meta);
+        answer
+    }
+
+    /// The answer to a call that did not run (or failed in the platform).
+    fn refused(&self, e: CallError) -> Result<CallToolResult, ErrorData> {
+        match e {
+            CallError::InvalidArguments(problems) => Ok(convert::invalid_arguments(&problems)),
+            CallError::UnknownTool(name) => Err(errors::unknown_tool(&name)),
+            CallError::Busy(what) => Err(errors::busy(what, self.retry_after())),
+            CallError::QuotaReached(message) => Ok(super::tasks::error_result(message)),
+            CallError::Platform(e) => Err(errors::from_error(&e, self.retry_after())),
+        }
     }
 
     /// `tools/call` of a registered tool (not a built-in: see [`builtin_of`]), whichever path
@@ -326,22 +478,11 @@ impl McpHandler {
             cancel,
             cancel_key: Some(cancel_key),
             progress: info.progress.clone(),
+            task: None,
         };
         match self.state.calls.call(input).await {
-            Ok(called) => {
-                let files = called.result.files.clone();
-                let mut result = convert::call_result_to_mcp(called.result);
-                self.add_outputs(&owner_key, &called.id, &files, &mut result.content).await;
-                let mut meta = rmcp::model::MetaObject::new();
-                meta.0.insert(CALL_ID_META.to_owned(), called.id.as_str().into());
-                result.meta = Some(meta);
-                Ok(result)
-            }
-            Err(CallError::InvalidArguments(problems)) => Ok(convert::invalid_arguments(&problems)),
-            Err(CallError::UnknownTool(name)) => Err(errors::unknown_tool(&name)),
-            Err(CallError::Busy(what)) => Err(errors::busy(what, self.retry_after())),
-            Err(CallError::QuotaReached(message)) => Ok(super::tasks::error_result(message)),
-            Err(CallError::Platform(e)) => Err(errors::from_error(&e, self.retry_after())),
+            Ok(called) => Ok(self.answer(&owner_key, called.id, called.result).await),
+            Err(e) => self.refused(e),
         }
     }
 
@@ -464,7 +605,11 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
         let who = Self::identity(&context)?;
-        let result = TaskTools { state: &self.state, who }.extension_get(&request.task_id).await;
+        let tools = TaskTools { state: &self.state, who };
+        let result = match tools.extension_get(&request.task_id).await {
+            Err(unknown) => self.call_task(who, &request.task_id).await.and_then(|t| t.ok_or(unknown)),
+            found => found,
+        };
         self.count("tasks/get", result.is_ok());
         result.map(GetTaskResult::new)
     }
@@ -475,7 +620,15 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let who = Self::identity(&context)?;
-        let result = TaskTools { state: &self.state, who }.extension_cancel(&request.task_id).await;
+        let tools = TaskTools { state: &self.state, who };
+        let result = match tools.extension_cancel(&request.task_id).await {
+            Err(unknown) => match self.cancel_call_task(who, &request.task_id).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(unknown),
+                Err(e) => Err(e),
+            },
+            found => found,
+        };
         self.count("tasks/cancel", result.is_ok());
         result
     }

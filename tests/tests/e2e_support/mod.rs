@@ -483,6 +483,17 @@ impl Platform {
         format!("https://127.0.0.1:{public}")
     }
 
+    /// Stops the replicas started with [`Platform::start_replica`] as Kubernetes stops a pod
+    /// (SIGTERM, then waiting for them to exit).
+    pub async fn stop_replicas(&mut self) {
+        for mut replica in self.replicas.drain(..) {
+            if let Some(pid) = replica.id().and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(60), replica.wait()).await;
+        }
+    }
+
     /// Prints the gateway's and controller's logs (on failure).
     pub fn dump_logs(&self) {
         let mut names: Vec<String> =
