@@ -86,7 +86,7 @@ async fn a_cancelled_call_stops_the_runner_the_tool_and_its_child() {
         cancel_key: None,
         progress: None,
         accepted_at: k8s_openapi::jiff::Timestamp::now(),
-        detached: false,
+        task_started: None,
     };
     let call = tokio::spawn(async move { executor.call(request).await });
     let mut tree = None;

@@ -44,8 +44,8 @@ pub struct CallInput {
     /// Where the function's progress goes while the caller waits (`None`: nobody asked).
     pub progress: Option<Arc<dyn ProgressSink>>,
     /// Set for a call run as an MCP task: its id (chosen by the front door, which answers
-    /// with it), and a signal sent once the call is admitted, before it runs. Its run outlives
-    /// the request and this process ([`CallRequest::detached`]).
+    /// with it), and a signal sent once its run is started where it outlives the request and
+    /// this process ([`CallRequest::task_started`]).
     pub task: Option<TaskStart>,
 }
 
@@ -54,8 +54,9 @@ pub struct CallInput {
 pub struct TaskStart {
     /// The call id.
     pub id: RunId,
-    /// Receives `()` once the call is admitted (dropped unsent when it is refused).
-    pub admitted: tokio::sync::oneshot::Sender<()>,
+    /// Receives `()` once the run is started (dropped unsent when the call is refused, or
+    /// when the executor cannot run it detached: it is then answered when it ends).
+    pub started: tokio::sync::oneshot::Sender<()>,
 }
 
 /// Takes a call's progress reports while its caller waits: an MCP client's
@@ -248,12 +249,9 @@ impl Calls {
             }
         };
 
-        let (id, detached) = match input.task {
-            Some(task) => {
-                let _ = task.admitted.send(());
-                (task.id, true)
-            }
-            None => (new_call_id(tool.name()), false),
+        let (id, task_started) = match input.task {
+            Some(task) => (task.id, Some(task.started)),
+            None => (new_call_id(tool.name()), None),
         };
         tracing::Span::current().record("toolyard.call.id", tracing::field::display(&id));
         // The executor's span is the parent of everything the call runs elsewhere (the
@@ -277,7 +275,7 @@ impl Calls {
             cancel_key: input.cancel_key,
             progress,
             accepted_at: jiff::Timestamp::now(),
-            detached,
+            task_started,
         };
         self.metrics.calls_in_flight().inc();
         let execution = self.executor.call(request).instrument(execute);

@@ -279,9 +279,11 @@ impl KubeExecutor {
         let params = PostParams { field_manager: Some(GATEWAY_MANAGER.to_owned()), ..PostParams::default() };
         self.with_timeout(api.create(&params, &object)).await?;
         let mut cancel_guard = CancelOnDrop { api: Some(api.clone()), name: id.to_string() };
-        if request.detached {
-            // An MCP task's run outlives this wait (a restart of this process, say).
+        if let Some(started) = request.task_started {
+            // An MCP task's run outlives this wait (a restart of this process, say): it is
+            // the ToolCall, created now.
             cancel_guard.disarm();
+            let _ = started.send(());
         }
         tracing::info!(namespace = %namespace, "ToolCall created");
 

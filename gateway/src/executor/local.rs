@@ -246,7 +246,7 @@ impl LocalExecutor {
         events::run_job_call(&self.progress, &self.records, request, |request| self.run_job(request)).await
     }
 
-    async fn run_job(&self, request: CallRequest) -> Result<CallResult> {
+    async fn run_job(&self, mut request: CallRequest) -> Result<CallResult> {
         let _slot = tokio::select! {
             slot = Arc::clone(&self.slots).acquire_owned() => slot.map_err(|_| Error::Unavailable("shutting down".into()))?,
             () = request.cancel.cancelled() => return Ok(cancelled(0)),
@@ -301,6 +301,11 @@ impl LocalExecutor {
         let tree = ProcessTree::new(child.id());
         let stderr = child.stderr.take().map(|s| tokio::spawn(read_bounded(s, RUNNER_STDERR_LIMIT)));
         tracing::debug!(call = %id, "runner started");
+        if let Some(started) = request.task_started.take() {
+            // The runner is a child of this process: an MCP task's run ends with it (and then
+            // reads as lost).
+            let _ = started.send(());
+        }
 
         enum Ended {
             Notified(CallResult),

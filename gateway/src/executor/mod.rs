@@ -44,10 +44,12 @@ pub struct CallRequest {
     pub progress: Option<events::ProgressSender>,
     /// When the gateway admitted the call (the `call_accepted` event's time).
     pub accepted_at: jiff::Timestamp,
-    /// A call run as an MCP task: its run outlives the request and this process (dropping the
-    /// call's future does not stop it; [`CallRequest::cancel`] still does), and its state is
-    /// read back with [`Executor::call_state`].
-    pub detached: bool,
+    /// Set for a call run as an MCP task: its run outlives the request and this process
+    /// (dropping the call's future does not stop it; [`CallRequest::cancel`] still does), its
+    /// state is read back with [`Executor::call_state`], and the executor sends `()` here
+    /// once the run is started where it outlives this process (the ToolCall created). An
+    /// executor that cannot drops it unsent: the call is then answered when it ends.
+    pub task_started: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Where a call stands, as the platform knows it (see [`Executor::call_state`]).

@@ -340,6 +340,7 @@ impl McpHandler {
         let cancel_key = cancel::cancel_key(&owner_key, &task_request_id(&id));
         let cancel = CancellationToken::new();
         let (admitted, started) = tokio::sync::oneshot::channel();
+        // `started` fires once the run is started where it outlives this process.
         let input = CallInput {
             who,
             selection: info.scope().selection(),
@@ -350,7 +351,7 @@ impl McpHandler {
             cancel: cancel.clone(),
             cancel_key: Some(cancel_key.clone()),
             progress: None,
-            task: Some(TaskStart { id: id.clone(), admitted }),
+            task: Some(TaskStart { id: id.clone(), started: admitted }),
         };
         let (calls, cancels) = (Arc::clone(&self.state.calls), Arc::clone(&self.state.cancels));
         let mut run = tokio::spawn(async move {
@@ -388,7 +389,7 @@ impl McpHandler {
                 CallState::Ended(result) => Some(result),
                 CallState::Unknown => {
                     let accepted = store.get(&owner, &format!("calls/{id}/input.json")).await;
-                    if !accepted.map_err(|e| self.platform_error(&e))?.is_some() {
+                    if accepted.map_err(|e| self.platform_error(&e))?.is_none() {
                         return Ok(None);
                     }
                     let error = ErrorData::internal_error("the call ended without a result (its run was lost)", None);
