@@ -25,7 +25,7 @@ pub struct TasksArgs {
     /// With a task id: cancel the task
     #[arg(long, conflicts_with = "wait")]
     pub cancel: bool,
-    /// With a task id: delete the finished task and every file it stored
+    /// With a task id: delete the task (cancelled first if it runs) and every file it stored
     #[arg(long, conflicts_with_all = ["wait", "cancel"])]
     pub delete: bool,
     /// Without a task id: only tasks with this status (pending, running, success, failed, timed_out, cancelled)

@@ -656,39 +656,40 @@ async fn users_delete_their_own_finished_calls_and_tasks() {
         assert_eq!(text_of(&r), format!("no such call: {unknown:?}"));
     }
 
-    // A task: refused until it has finished, then deleted with its CodingTask and files.
+    // A task: deleting it while it runs cancels it first (the controller, played here, stops
+    // it), then deletes its CodingTask and files.
     let (task, _) = task_of(&gw, &ns, &owner).await;
     let id = task.id.to_string();
     gw.store
         .put(&key, &format!("tasks/{id}/outputs/scenarios.csv"), bytes::Bytes::from_static(b"spot,price\n"))
         .await
         .expect("an artifact");
-    let r = alice.call_tool(call("delete_task", json!({"task_id": id}))).await.expect("delete_task");
-    assert_eq!(r.is_error, Some(true));
-    assert!(text_of(&r).contains("stop it with cancel_task, then delete it"), "{}", text_of(&r));
+    let deleting = {
+        let alice = alice.clone();
+        let id = id.clone();
+        tokio::spawn(async move { alice.call_tool(call("delete_task", json!({"task_id": id}))).await })
+    };
     let tasks: Api<toolyard_api::CodingTask> = Api::namespaced(TestEnv::get().client(User::Admin).await, &ns);
-    let finished = json!({
+    wait_until(Duration::from_secs(30), "the running task to be cancelled", || {
+        let tasks = tasks.clone();
+        let id = id.clone();
+        async move { Ok(tasks.get(&id).await?.spec.cancel_requested) }
+    })
+    .await
+    .expect("cancel requested");
+    let cancelled = json!({
         "apiVersion": "toolyard.dev/v1alpha1", "kind": "CodingTask",
-        "status": {"conditions": [toolyard_api::conditions::succeeded("done", None)]}
+        "status": {"conditions": [toolyard_api::conditions::failed(reason::CANCELLED, "cancelled on request", None)]}
     });
     tasks
         .patch_status(
             &id,
             &kube::api::PatchParams::apply(toolyard_api::CONTROLLER_MANAGER).force(),
-            &kube::api::Patch::Apply(&finished),
+            &kube::api::Patch::Apply(&cancelled),
         )
         .await
-        .expect("the task finishes");
-    let backend = gw.state.tasks.clone().expect("task backend");
-    wait_until(Duration::from_secs(30), "the gateway sees the task finish", || {
-        let backend = backend.clone();
-        let key = key.clone();
-        let id = task.id.clone();
-        async move { Ok(backend.get(&key, &id).await?.is_some_and(|t| t.phase.is_finished())) }
-    })
-    .await
-    .expect("watch");
-    let deleted = ok(&alice.call_tool(call("delete_task", json!({"task_id": id}))).await.expect("delete_task"));
+        .expect("the task stops");
+    let deleted = ok(&deleting.await.expect("join").expect("delete_task"));
     assert_eq!(deleted["deleted"], true, "{deleted}");
     assert!(deleted["files"].as_u64().unwrap_or_default() >= 1, "{deleted}");
     assert!(gw.store.list(&key, &format!("tasks/{id}/")).await.expect("list").is_empty(), "no file is left");

@@ -265,6 +265,7 @@ async fn every_example_manifest_is_accepted_by_the_apiserver() {
     let files = [
         toolyard_tests::repo_path("examples/pricing/tools.yaml"),
         toolyard_tests::repo_path("tests/fixtures/misbehaving/tools.yaml"),
+        toolyard_tests::repo_path("tests/fixtures/misbehaving/local.yaml"),
     ];
     let mut names = Vec::new();
     for file in files {

@@ -216,8 +216,8 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
         ),
         Builtin::DeleteTask => (
             "Delete a task",
-            "Deletes one of your finished coding tasks: its record and every file it stored (result, events, \
-             artifacts). A task still running must be stopped with cancel_task first. This cannot be undone.",
+            "Deletes one of your coding tasks: its record and every file it stored (result, events, \
+             artifacts). A task still running is cancelled first. This cannot be undone.",
             json!({"type": "object", "properties": {"task_id": task_id_schema()}, "required": ["task_id"], "additionalProperties": false}),
             json!({"type": "object", "properties": {"task_id": {"type": "string"}, "deleted": {"type": "boolean"},
                 "files": {"type": "integer"}}, "required": ["task_id", "deleted", "files"]}),

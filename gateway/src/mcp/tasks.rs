@@ -7,6 +7,8 @@
 //! client that goes away only stops the waiting, never the task. A client that declared the
 //! tasks extension gets a task handle at once instead and polls `tasks/get`.
 
+use std::time::Duration;
+
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD as B64, URL_SAFE_NO_PAD as B64URL};
 use rmcp::model::{
@@ -86,6 +88,9 @@ pub struct TaskTools<'a> {
     /// The caller.
     pub who: &'a Identity,
 }
+
+/// Longest `delete_task` waits for a running task it cancelled to stop.
+pub const DELETE_STOP_WAIT: Duration = Duration::from_secs(30);
 
 /// A tool result holding `value` as structured content (and as JSON text).
 pub fn json_result(value: Value) -> CallToolResult {
@@ -294,15 +299,15 @@ impl TaskTools<'_> {
         let owner = self.owner();
         let id = record.id.clone();
         let mut changes = backend.changes();
-        let mut last = record;
         let mut progress = Progress { token: context.meta.get_progress_token(), next_segment: 1, reported: 0.0 };
         let started =
             format!("task {id} started; if you stop waiting it goes on: get_task_result(task_id={:?})", id.as_str());
         progress.notify(context, started).await?;
         loop {
-            if let Some(record) = backend.get(&owner, &id).await.map_err(|e| internal(self.state, &e))? {
-                last = record;
-            }
+            let Some(last) = backend.get(&owner, &id).await.map_err(|e| internal(self.state, &e))? else {
+                // Deleted meanwhile (`delete_task` cancels a running task first).
+                return Ok(view_result(&TaskView { id, status: ViewStatus::Cancelled, result: None }));
+            };
             progress.report(self.state, &owner, &id, context).await?;
             let current = view::view(self.state.store.as_ref(), &owner, &id, Some(&last))
                 .await
@@ -363,14 +368,13 @@ impl TaskTools<'_> {
     pub async fn delete(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
         let raw = string_arg(args, "task_id");
         let Some((id, _, view)) = self.find(raw).await? else { return Ok(no_such_task(raw)) };
-        if !view.status.is_final() {
+        let owner = self.owner();
+        if !view.status.is_final() && !self.cancel_and_wait(&owner, &id).await? {
             return Ok(error_result(format!(
-                "task {:?} is {}: stop it with cancel_task, then delete it",
-                id.as_str(),
-                view.status.as_str()
+                "task {:?} was cancelled but has not stopped yet; delete it again in a moment",
+                id.as_str()
             )));
         }
-        let owner = self.owner();
         self.backend()?.delete(&owner, &id).await.map_err(|e| internal(self.state, &e))?;
         let files = self
             .state
@@ -381,6 +385,33 @@ impl TaskTools<'_> {
         self.state.calls.quota().forget(&owner);
         tracing::info!(task = %id, files, "task deleted");
         Ok(json_result(json!({"task_id": id.as_str(), "deleted": true, "files": files})))
+    }
+
+    /// Cancels task `id` of `owner` and waits (at most [`DELETE_STOP_WAIT`]) until it has
+    /// stopped; `false` when it has not by then.
+    async fn cancel_and_wait(&self, owner: &OwnerKey, id: &RunId) -> Result<bool, ErrorData> {
+        let backend = self.backend()?;
+        backend.cancel(owner, id).await.map_err(|e| internal(self.state, &e))?;
+        tracing::info!(task = %id, "cancelling a task to delete it");
+        let mut changes = backend.changes();
+        let deadline = tokio::time::Instant::now() + DELETE_STOP_WAIT;
+        loop {
+            let record = backend.get(owner, id).await.map_err(|e| internal(self.state, &e))?;
+            if record.is_none_or(|r| r.phase.is_finished()) {
+                return Ok(true);
+            }
+            if tokio::time::timeout_at(deadline, async {
+                tokio::select! {
+                    _ = changes.changed() => {}
+                    () = tokio::time::sleep(RECHECK) => {}
+                }
+            })
+            .await
+            .is_err()
+            {
+                return Ok(false);
+            }
+        }
     }
 
     /// `delete_call(call_id)`: a finished call's files, and its ToolCall on Kubernetes.

@@ -381,7 +381,7 @@ pub async fn check_pricing(client: &Client, result: &Value, requests: &[Value]) 
     assert_eq!(content["text"].as_str().map(str::as_bytes), Some(text.as_slice()));
     assert_eq!(content["mimeType"], "text/csv");
     let templates = client.list_all_resource_templates().await.expect("templates");
-    assert_eq!(templates.len(), 3);
+    assert_eq!(templates.len(), 4, "task result, events, files, and call files");
     let resources = client.list_all_resources().await.expect("resources/list");
     assert!(resources.iter().any(|r| r.uri == format!("toolyard://tasks/{task}/result")), "{resources:?}");
 
