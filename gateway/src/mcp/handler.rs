@@ -178,8 +178,9 @@ impl McpHandler {
         self.state.metrics.mcp_request(method, if ok { "ok" } else { "error" });
     }
 
-    /// The built-ins `who` sees on `scope` (see [`super::builtin`]): all of them on `/mcp` of a
-    /// gateway with a task backend, for callers allowed to start coding tasks; none otherwise.
+    /// The built-ins `who` sees on `scope` (see [`super::builtin`]), only on `/mcp`: the task
+    /// tools for callers allowed to start coding tasks (on a gateway with a task backend), and
+    /// `delete_call` for them and for anyone who may call some tool there.
     async fn visible_builtins(&self, who: &Identity, scope: &Scope) -> Result<Vec<Builtin>, ErrorData> {
         if *scope != Scope::All {
             return Ok(Vec::new());

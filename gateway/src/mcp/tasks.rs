@@ -375,13 +375,13 @@ impl TaskTools<'_> {
                 id.as_str()
             )));
         }
-        self.backend()?.delete(&owner, &id).await.map_err(|e| internal(self.state, &e))?;
         let files = self
             .state
             .store
             .delete_folder(&owner, &view::task_folder(&owner, &id))
             .await
             .map_err(|e| internal(self.state, &e))?;
+        self.backend()?.delete(&owner, &id).await.map_err(|e| internal(self.state, &e))?;
         self.state.calls.quota().forget(&owner);
         tracing::info!(task = %id, files, "task deleted");
         Ok(json_result(json!({"task_id": id.as_str(), "deleted": true, "files": files})))

@@ -203,6 +203,10 @@ impl LocalTasks {
     /// stored its own meanwhile) and marks the record finished.
     async fn end(&self, owner: &OwnerKey, id: &RunId, status: TaskStatus, reason: &str) -> Result<()> {
         let _guard = self.writes.lock().await;
+        let Some(mut stored) = self.read(owner, id).await? else {
+            // Deleted meanwhile (`delete_task` cancels a running task, then deletes it).
+            return Ok(());
+        };
         let result = match view::stored_result(self.store.as_ref(), owner, id).await? {
             Some(result) => result,
             None => {
@@ -214,10 +218,8 @@ impl LocalTasks {
                 result
             }
         };
-        if let Some(mut stored) = self.read(owner, id).await? {
-            apply_result(&mut stored, &result);
-            self.write(&stored).await?;
-        }
+        apply_result(&mut stored, &result);
+        self.write(&stored).await?;
         self.bump();
         Ok(())
     }
@@ -404,8 +406,13 @@ impl TaskBackend for LocalTaskBackend {
         Ok(true)
     }
 
+    /// Removes the task's folder (its record is a file there) under the lock its end is
+    /// recorded under, so a late write of a cancelled task's supervisor cannot bring it back.
     async fn delete(&self, owner: &OwnerKey, id: &RunId) -> Result<bool> {
-        Ok(self.0.load(owner, id).await?.is_some())
+        let _guard = self.0.writes.lock().await;
+        let existed = self.0.read(owner, id).await?.is_some();
+        self.0.store.delete_folder(owner, &task_folder(owner, id)).await?;
+        Ok(existed)
     }
 
     async fn for_runner(&self, namespace: &str, id: &RunId, owner: &OwnerKey) -> Result<Option<TaskRecord>> {

@@ -134,9 +134,10 @@ pub trait TaskBackend: Send + Sync + 'static {
         Ok(self.list(owner).await?.iter().filter(|r| !r.phase.is_finished()).count())
     }
 
-    /// Forgets finished task `id` of `owner`, for `delete_task` (which deletes its files):
-    /// on Kubernetes its CodingTask object; locally the record is a file of the task's folder,
-    /// so there is nothing more. `false` when there is no such task of `owner`.
+    /// Forgets finished task `id` of `owner`, for `delete_task` (which deletes its files
+    /// first): on Kubernetes its CodingTask object; locally its folder (the record is a file
+    /// there) once more, under the lock a task's end is written under. `false` when there is
+    /// no such task of `owner`.
     async fn delete(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<bool>;
 
     /// Asks the task to stop. `false` when there is no such task of `owner`.
