@@ -116,6 +116,31 @@ fn policy_file(dir: &TempDir, tools: &[&str]) -> PathBuf {
     path
 }
 
+/// Starts a task whose first model answer waits for `gate`; returns its waiting
+/// `run_coding_task` call and its id, once it runs.
+async fn start_held_task(
+    gateway: &LocalGateway,
+    client: &Client,
+    model: &ScriptedModel,
+    gate: &Gate,
+) -> (tokio::task::JoinHandle<Value>, String) {
+    let before = model.requests().len();
+    model.push(vec![Turn::code("print('never')").held(gate)]);
+    let waiting = {
+        let client = gateway.client().await;
+        tokio::spawn(async move { structured(&call(&client, "run_coding_task", json!({"task": "slow"})).await) })
+    };
+    wait_for_requests(model, before + 1, Duration::from_secs(60)).await.expect("the agent asks the model");
+    let running = ok(&call(client, "list_tasks", json!({"status": "running"})).await);
+    let task = running["tasks"][0]["task_id"].as_str().expect("a running task").to_owned();
+    (waiting, task)
+}
+
+/// The folder of task `task` of the local user in the data folder `data`.
+fn task_folder(data: &TempDir, task: &str) -> PathBuf {
+    data.path().join("owners").join(toolyard_api::OwnerKey::derive("apikey", "local").as_str()).join("tasks").join(task)
+}
+
 async fn run_task(client: &Client, arguments: Value) -> Value {
     let result = call(client, "run_coding_task", arguments).await;
     structured(&result)
@@ -302,15 +327,7 @@ async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     assert!(result["error"].as_str().unwrap().contains("deadline"), "{result}");
 
     // Cancel: the model takes its time; the task is cancelled meanwhile.
-    let before = model.requests().len();
-    model.push(vec![Turn::code("print('never')").held(&gate)]);
-    let waiting = {
-        let client = gateway.client().await;
-        tokio::spawn(async move { structured(&call(&client, "run_coding_task", json!({"task": "slow"})).await) })
-    };
-    wait_for_requests(&model, before + 1, Duration::from_secs(60)).await.expect("the agent asks the model");
-    let running = ok(&call(&client, "list_tasks", json!({"status": "running"})).await);
-    let task = running["tasks"][0]["task_id"].as_str().expect("a running task").to_owned();
+    let (waiting, task) = start_held_task(&gateway, &client, &model, &gate).await;
     let cancelled = ok(&call(&client, "cancel_task", json!({"task_id": task})).await);
     assert_eq!(cancelled["cancel_requested"], true, "{cancelled}");
     let result = tokio::time::timeout(Duration::from_secs(60), waiting).await.expect("the wait ends").expect("join");
@@ -324,12 +341,7 @@ async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     assert_eq!((again["status"].as_str(), again["cancel_requested"].as_bool()), (Some("cancelled"), Some(false)));
 
     // A finished task is deleted by its owner: its record and every file, in the data folder.
-    let folder = data
-        .path()
-        .join("owners")
-        .join(toolyard_api::OwnerKey::derive("apikey", "local").as_str())
-        .join("tasks")
-        .join(&task);
+    let folder = task_folder(&data, &task);
     assert!(folder.exists(), "{}", folder.display());
     let deleted = ok(&call(&client, "delete_task", json!({"task_id": task})).await);
     assert_eq!(deleted["deleted"], true, "{deleted}");
@@ -338,27 +350,14 @@ async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     assert!(!listed.to_string().contains(&task), "{listed}");
 
     // Deleting a running task cancels it first: its waiter hears "cancelled", nothing is left.
-    let before = model.requests().len();
     let held = Gate::new();
-    model.push(vec![Turn::code("print('never')").held(&held)]);
-    let waiting = {
-        let client = gateway.client().await;
-        tokio::spawn(async move { structured(&call(&client, "run_coding_task", json!({"task": "slow"})).await) })
-    };
-    wait_for_requests(&model, before + 1, Duration::from_secs(60)).await.expect("the agent asks the model");
-    let running = ok(&call(&client, "list_tasks", json!({"status": "running"})).await);
-    let task = running["tasks"][0]["task_id"].as_str().expect("a running task").to_owned();
+    let (waiting, task) = start_held_task(&gateway, &client, &model, &held).await;
     let deleted = ok(&call(&client, "delete_task", json!({"task_id": task})).await);
     assert_eq!(deleted["deleted"], true, "{deleted}");
     let result = tokio::time::timeout(Duration::from_secs(60), waiting).await.expect("the wait ends").expect("join");
     held.open();
     assert_eq!(result["status"], "cancelled", "{result}");
-    let folder = data
-        .path()
-        .join("owners")
-        .join(toolyard_api::OwnerKey::derive("apikey", "local").as_str())
-        .join("tasks")
-        .join(&task);
+    let folder = task_folder(&data, &task);
     assert!(!folder.exists(), "{} is gone", folder.display());
 
     // Unknown ids answer alike, whatever the tool.
