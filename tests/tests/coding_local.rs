@@ -513,16 +513,7 @@ async fn the_tasks_extension_returns_a_handle_and_tasks_get_follows_it() {
     let working = client.peer().get_task(GetTaskParams::new(id.clone())).await.expect("tasks/get");
     assert_eq!(working.task.status(), McpTaskStatus::Working);
     gate.open();
-    let mut done = None;
-    for _ in 0..300 {
-        let got = client.peer().get_task(GetTaskParams::new(id.clone())).await.expect("tasks/get");
-        if got.task.status() != McpTaskStatus::Working {
-            done = Some(got);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let done = serde_json::to_value(done.expect("the task completes")).expect("json");
+    let done = coding_support::finished_task(&client, &id, Duration::from_secs(60)).await.expect("the task completes");
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["structuredContent"]["task_type"], "answer", "{done}");
     assert_eq!(done["result"]["structuredContent"]["task_id"], id.as_str());
@@ -539,16 +530,8 @@ async fn the_tasks_extension_returns_a_handle_and_tasks_get_follows_it() {
         panic!("a Job-mode call of a tasks-extension client is a task")
     };
     let call_id = handle.task.task_id.clone();
-    let mut done = None;
-    for _ in 0..300 {
-        let got = client.peer().get_task(GetTaskParams::new(call_id.clone())).await.expect("tasks/get");
-        if got.task.status() != McpTaskStatus::Working {
-            done = Some(got);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let done = serde_json::to_value(done.expect("the call completes")).expect("json");
+    let done =
+        coding_support::finished_task(&client, &call_id, Duration::from_secs(30)).await.expect("the call completes");
     assert_eq!(done["status"], "completed", "{done}");
     let price = done["result"]["structuredContent"]["price"].as_f64().expect("a price");
     assert!((price - 10.4506).abs() < 1e-4, "{done}");

@@ -131,28 +131,13 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     let id = handle.task.task_id.clone();
     platform.stop_replicas().await;
     let on_main = coding_support::connect_with(platform.http(), &format!("{}/mcp", platform.base), &token, true).await;
-    let get = |id: String| {
-        let peer = on_main.peer().clone();
-        async move { peer.get_task(rmcp::model::GetTaskParams::new(id)).await }
-    };
-    let mut last = None;
-    for _ in 0..240 {
-        let task = get(id.clone()).await.expect("tasks/get");
-        if task.task.status() != rmcp::model::TaskStatus::Working {
-            last = Some(task);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let Some(done) = last else {
+    let Some(done) = coding_support::finished_task(&on_main, &id, Duration::from_secs(120)).await else {
         platform.dump_logs();
         panic!("the call task never completed")
     };
-    let rmcp::model::TaskPayload::Completed { result } = &done.task.payload else {
-        panic!("completed: {:?}", done.task.payload)
-    };
-    assert_eq!(result["structuredContent"], json!({"value": "as a task"}), "{result:?}");
-    assert_eq!(result["_meta"]["toolyard.dev/callId"], json!(id));
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"], json!({"value": "as a task"}), "{done}");
+    assert_eq!(done["result"]["_meta"]["toolyard.dev/callId"], json!(id));
     let tool_call =
         Api::<ToolCall>::namespaced(env.client(User::Admin).await, &platform.ns).get(&id).await.expect("ToolCall");
     assert!(!tool_call.spec.cancel_requested, "stopping the replica did not cancel the call");

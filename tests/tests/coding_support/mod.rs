@@ -429,3 +429,17 @@ pub fn assert_no_escape(escapes: &Map<String, Value>) {
     }
     assert!(answers.values().any(|a| a == 401), "the internal API was never reached: {answers:?}");
 }
+
+/// Polls `tasks/get` for `id` (every 100 ms, `timeout` at most) until it is no longer working:
+/// the task as JSON (`status`, and `result` or `error`), or `None` when it still works.
+pub async fn finished_task(client: &Client, id: &str, timeout: Duration) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while tokio::time::Instant::now() < deadline {
+        let got = client.peer().get_task(rmcp::model::GetTaskParams::new(id.to_owned())).await.expect("tasks/get");
+        if got.task.status() != rmcp::model::TaskStatus::Working {
+            return Some(serde_json::to_value(got).expect("json"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
