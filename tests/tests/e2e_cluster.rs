@@ -129,6 +129,12 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
         panic!("a tasks-extension client gets a task handle: {started:?}")
     };
     let id = handle.task.task_id.clone();
+    // A client without the extension starts one with the start_call built-in.
+    let plain = coding_support::connect_with(platform.http(), &format!("{replica}/mcp"), &token, false).await;
+    let started = plain.call_tool(call("start_call", json!({"tool": "echo", "arguments": {"value": "started"}}))).await;
+    let started = started.expect("start_call").structured_content.expect("structured");
+    assert_eq!(started["status"], "running", "{started}");
+    let started = started["call_id"].as_str().expect("call_id").to_owned();
     platform.stop_replicas().await;
     let on_main = coding_support::connect_with(platform.http(), &format!("{}/mcp", platform.base), &token, true).await;
     let Some(done) = coding_support::finished_task(&on_main, &id, Duration::from_secs(120)).await else {
@@ -141,6 +147,17 @@ async fn tool_calls_run_as_jobs_through_the_whole_platform() {
     let tool_call =
         Api::<ToolCall>::namespaced(env.client(User::Admin).await, &platform.ns).get(&id).await.expect("ToolCall");
     assert!(!tool_call.spec.cancel_requested, "stopping the replica did not cancel the call");
+    let mut followed = Value::Null;
+    for _ in 0..240 {
+        let got = alice.call_tool(call("get_call_result", json!({"call_id": started}))).await.expect("get_call_result");
+        followed = got.structured_content.expect("structured");
+        if followed["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(followed["status"], "completed", "{followed}");
+    assert_eq!(followed["result"]["structuredContent"], json!({"value": "started"}), "{followed}");
     // Another user's task id is unknown to bob.
     let bob_token = TestEnv::get().token(User::Bob).to_owned();
     let bob = coding_support::connect_with(platform.http(), &format!("{}/mcp", platform.base), &bob_token, true).await;

@@ -103,8 +103,7 @@ async fn wait_tools(
     want.sort();
     let mut last = Vec::new();
     for _ in 0..100 {
-        // The registered tools (delete_call comes with them).
-        last = Gateway::listed(client).await.into_iter().filter(|n| n != "delete_call").collect();
+        last = Gateway::listed(client).await;
         if last == want {
             return;
         }
@@ -123,7 +122,11 @@ async fn lists_ready_tools_with_their_schemas_and_calls_one_through_a_toolcall()
 
     let tools = client.list_all_tools().await.expect("tools/list");
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["calc_greeks", "delete_call", "price_option"], "only Ready tools, sorted, and delete_call");
+    assert_eq!(
+        names,
+        ["calc_greeks", "cancel_call", "delete_call", "get_call_result", "price_option", "start_call"],
+        "only Ready tools, sorted, and the call built-ins"
+    );
     let price = tools.iter().find(|t| t.name == "price_option").expect("price_option");
     assert_eq!(price.title.as_deref(), Some("Tool price_option"));
     assert_eq!(price.description.as_deref(), Some("Test tool price_option"));
@@ -226,7 +229,7 @@ async fn unknown_and_unauthorized_tools_answer_identically() {
     let _platform = FakePlatform::start(&ns, &gw.internal).await;
     // bob has no grant: secret_tool is absent from his list and calling it looks unknown.
     let bob = gw.client(User::Bob).await;
-    assert!(Gateway::listed(&bob).await.is_empty());
+    assert!(bob.list_all_tools().await.expect("tools/list").is_empty(), "not even the call built-ins");
     let unauthorized = bob.call_tool(call("secret_tool", json!({"x": 1}))).await.expect_err("refused");
     let unknown = bob.call_tool(call("no_such_tool", json!({"x": 1}))).await.expect_err("refused");
     let (a, b) = match (unauthorized, unknown) {
@@ -243,7 +246,7 @@ async fn unknown_and_unauthorized_tools_answer_identically() {
     assert!(toolcalls(&ns).await.is_empty());
     // alice, who may, can.
     let alice = gw.client(User::Alice).await;
-    assert_eq!(Gateway::listed(&alice).await, ["delete_call", "secret_tool"]);
+    assert_eq!(Gateway::listed(&alice).await, ["secret_tool"]);
     let r = alice.call_tool(call("secret_tool", json!({"x": 2}))).await.expect("alice calls");
     assert_eq!(r.is_error, Some(false));
     bob.cancel().await.ok();
@@ -307,7 +310,7 @@ async fn new_and_deleted_tools_show_up_and_modern_clients_are_notified() {
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
     let client = gw.modern_client(User::Alice).await;
     assert_eq!(client.peer_info().map(|i| i.protocol_version.clone()), Some(ProtocolVersion::V_2026_07_28));
-    assert_eq!(Gateway::listed(&client).await, ["delete_call", "first"]);
+    assert_eq!(Gateway::listed(&client).await, ["first"]);
     let mut subscription =
         client.listen(SubscriptionFilter::builder().tools_list_changed().build()).await.expect("subscriptions/listen");
     create_tool(&ns, "second", spec("second", 60), true).await;
@@ -334,7 +337,7 @@ async fn both_protocol_revisions_list_and_call() {
     ] {
         let client = gw.client_at(&gw.mcp_url(), User::Alice, mode).await;
         assert_eq!(client.peer_info().map(|i| i.protocol_version.clone()), Some(version.clone()));
-        assert_eq!(Gateway::listed(&client).await, ["delete_call", "echo"], "{version:?}");
+        assert_eq!(Gateway::listed(&client).await, ["echo"], "{version:?}");
         let r = client.call_tool(call("echo", json!({"x": 7}))).await.expect("call");
         assert_eq!(r.structured_content, Some(json!({"echo": {"x": 7}})), "{version:?}");
         client.cancel().await.ok();
@@ -363,7 +366,7 @@ async fn large_catalogs_are_paginated_and_toolsets_have_their_own_endpoint() {
     let first = client.list_tools(None).await.expect("first page");
     assert_eq!(first.tools.len(), 2);
     assert!(first.next_cursor.is_some());
-    assert_eq!(Gateway::listed(&client).await, ["delete_call", "tool_0", "tool_1", "tool_2", "tool_3", "tool_4"]);
+    assert_eq!(Gateway::listed(&client).await, ["tool_0", "tool_1", "tool_2", "tool_3", "tool_4"]);
 
     let toolset =
         gw.client_at(&format!("{}/toolsets/even/mcp", gw.base), User::Alice, ClientLifecycleMode::Initialize).await;
@@ -592,6 +595,84 @@ async fn a_tasks_artifacts_are_capped_in_number_and_bytes() {
     assert!(body.contains("more than the 100 a task may keep"), "{body}");
     let files = gw.store.list(&owner.key(), &format!("tasks/{}/outputs/", task.id)).await.expect("list");
     assert_eq!(files.iter().map(|f| f.size).collect::<Vec<_>>(), [40, 60], "{files:?}");
+}
+
+/// A client without the tasks extension runs a long call without holding a request open:
+/// `start_call` answers with the call's id once its ToolCall exists, `get_call_result` follows
+/// it to the tool's answer, `cancel_call` asks a running one to stop. Another user's call id
+/// is unknown; refusals answer as a plain call's would.
+#[tokio::test]
+async fn a_started_call_is_followed_to_its_result_and_cancelled_by_id() {
+    let ns = setup("gwstart", &[("held", "held", 300)]).await;
+    grant_call(&ns, "bob-calls", &[], &["bob"], &[]).await;
+    gateway_support::wait_allowed("bob", &[], &ns, "toolyard.dev", "mcptools", "call", Some("held")).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    let release = Arc::new(Notify::new());
+    platform.set("held", Behaviour::HoldThenEcho(release.clone()));
+    let alice = gw.client(User::Alice).await;
+    let bob = gw.client(User::Bob).await;
+    let state = |r: rmcp::model::CallToolResult| {
+        assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+        r.structured_content.expect("structured")
+    };
+
+    let started = state(
+        alice.call_tool(call("start_call", json!({"tool": "held", "arguments": {"x": 1}}))).await.expect("start_call"),
+    );
+    assert_eq!(started["status"], "running", "{started}");
+    let id = started["call_id"].as_str().expect("call_id").to_owned();
+    assert_eq!(platform.next().await.call.metadata.name.as_deref(), Some(id.as_str()), "its ToolCall");
+    let follow = |id: &str| call("get_call_result", json!({"call_id": id}));
+    assert_eq!(state(alice.call_tool(follow(&id)).await.expect("get_call_result"))["status"], "running");
+    let unknown = bob.call_tool(follow(&id)).await.expect("bob's get_call_result");
+    assert_eq!(text_of(&unknown), format!("no such call: {id:?}"), "another user's call is unknown to bob");
+    release.notify_one();
+    let mut done = Value::Null;
+    for _ in 0..300 {
+        done = state(alice.call_tool(follow(&id)).await.expect("get_call_result"));
+        if done["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["result"]["structuredContent"], json!({"echo": {"x": 1}}), "{done}");
+    assert_eq!(done["result"]["_meta"][toolyard_gateway::mcp::CALL_ID_META], json!(id), "{done}");
+
+    // cancel_call: the running call's ToolCall is asked to stop; an ended one is left alone.
+    let second = state(
+        alice.call_tool(call("start_call", json!({"tool": "held", "arguments": {"x": 2}}))).await.expect("start_call"),
+    );
+    let second = second["call_id"].as_str().expect("call_id").to_owned();
+    platform.next().await;
+    let cancelled = state(alice.call_tool(call("cancel_call", json!({"call_id": second}))).await.expect("cancel_call"));
+    assert_eq!((&cancelled["status"], &cancelled["cancel_requested"]), (&json!("running"), &json!(true)));
+    let calls: Api<ToolCall> = Api::namespaced(TestEnv::get().client(User::Admin).await, &ns);
+    wait_until(Duration::from_secs(30), "the ToolCall to be cancel-requested", || {
+        let (calls, second) = (calls.clone(), second.clone());
+        async move { Ok(calls.get(&second).await?.spec.cancel_requested) }
+    })
+    .await
+    .expect("cancel requested");
+    let ended = state(alice.call_tool(call("cancel_call", json!({"call_id": id}))).await.expect("cancel_call"));
+    assert_eq!((&ended["status"], &ended["cancel_requested"]), (&json!("completed"), &json!(false)));
+
+    // Refusals: bad arguments as a tool error, a tool alice may not call (or a built-in) as
+    // unknown, bob's start_call of nothing he may call likewise.
+    let invalid = alice
+        .call_tool(call("start_call", json!({"tool": "held", "arguments": {"x": "one"}})))
+        .await
+        .expect("start_call");
+    assert_eq!(invalid.is_error, Some(true), "{}", text_of(&invalid));
+    assert!(text_of(&invalid).contains("invalid arguments"), "{}", text_of(&invalid));
+    for tool in ["no_such_tool", "start_call", "delete_call"] {
+        match alice.call_tool(call("start_call", json!({"tool": tool}))).await {
+            Err(rmcp::ServiceError::McpError(e)) => assert_eq!(e.message, format!("Unknown tool: {tool:?}")),
+            other => panic!("{tool}: {other:?}"),
+        }
+    }
+    release.notify_one();
 }
 
 /// A user deletes their own finished calls and tasks: the ToolCall or CodingTask and every

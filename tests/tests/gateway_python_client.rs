@@ -67,10 +67,13 @@ async fn the_official_python_sdk_lists_and_calls_tools_in_both_protocol_eras() {
         assert_eq!(
             seen["tools"],
             json!([
+                {"name": "cancel_call", "required": ["call_id"], "title": "Cancel a call"},
                 {"name": "delete_call", "required": ["call_id"], "title": "Delete a call"},
-                {"name": "price_option", "required": ["x"], "title": "Tool price_option"}
+                {"name": "get_call_result", "required": ["call_id"], "title": "Get a call's result"},
+                {"name": "price_option", "required": ["x"], "title": "Tool price_option"},
+                {"name": "start_call", "required": ["tool"], "title": "Start a call"}
             ]),
-            "{mode}: only the granted tool is listed (and delete_call, for its calls)"
+            "{mode}: only the granted tool is listed (and the call built-ins, for its calls)"
         );
         assert_eq!(seen["result"]["isError"], false, "{mode}: {seen}");
         assert_eq!(seen["result"]["structuredContent"], json!({"echo": {"x": 2.5}}), "{mode}");

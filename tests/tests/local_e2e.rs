@@ -322,6 +322,29 @@ async fn a_finished_call_is_deleted_with_its_files() {
     }
 }
 
+/// A client without the tasks extension starts a Job-mode call with `start_call` and follows
+/// it with `get_call_result` to the tool's answer; the local mode runs the same path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_call_is_followed_to_its_result() {
+    let local = Local::start("examples/pricing").await;
+    let started = structured(&local.call("start_call", json!({"tool": "price_option", "arguments": ATM()})).await);
+    assert_eq!(started["status"], "running", "a Job-mode call is started, not waited for: {started}");
+    let id = started["call_id"].as_str().expect("call_id").to_owned();
+    let mut followed = Value::Null;
+    for _ in 0..300 {
+        followed = structured(&local.call("get_call_result", json!({"call_id": id})).await);
+        if followed["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(followed["status"], "completed", "{followed}");
+    let price = followed["result"]["structuredContent"]["price"].as_f64().expect("a price");
+    assert!((price - 10.4506).abs() < 1e-4, "{followed}");
+    let unknown = local.call("get_call_result", json!({"call_id": "price-option-000000000000"})).await;
+    assert_eq!(text_of(&unknown), "no such call: \"price-option-000000000000\"");
+}
+
 fn call_id(result: &CallToolResult) -> String {
     let meta = result.meta.clone().expect("_meta");
     meta.0[toolyard_gateway::mcp::CALL_ID_META].as_str().expect("the call id").to_owned()

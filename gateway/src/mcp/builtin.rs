@@ -1,10 +1,12 @@
 //! The built-in tools of `/mcp`: coding tasks (`run_coding_task`, `get_task_result`,
 //! `list_tasks`, `cancel_task`, `delete_task`), their files (`list_artifacts`,
-//! `read_artifact`), `tool_search`, and `delete_call` for the caller's stored calls.
+//! `read_artifact`), `tool_search`, and the call tools: `start_call`, `get_call_result` and
+//! `cancel_call` run a long call without holding a request open (for clients without the MCP
+//! tasks extension), `delete_call` deletes a stored call.
 //!
 //! Where they appear: only on `/mcp` (a toolset endpoint serves exactly its toolset's tools).
-//! `delete_call` is there for every caller who may call some tool there (or start coding
-//! tasks): their calls are stored. The others are the coding-task surface: only on a gateway with a task backend, and only for
+//! The call tools are there for every caller who may call some tool there (or start coding
+//! tasks). The others are the coding-task surface: only on a gateway with a task backend, and only for
 //! callers allowed to start coding tasks (`create codingtasks`, or `codingTasks: true` in
 //! the local policy). For anyone else they are absent from `tools/list` and calling one
 //! answers like an unknown tool, as for any tool the caller may not call. A registered
@@ -35,6 +37,12 @@ pub enum Builtin {
     DeleteTask,
     /// Delete a finished call's files.
     DeleteCall,
+    /// Start a tool call without waiting for it.
+    StartCall,
+    /// The state, then the result, of a started call.
+    GetCallResult,
+    /// Stop a started call.
+    CancelCall,
     /// A task's files.
     ListArtifacts,
     /// A chunk of one file of a task.
@@ -45,15 +53,18 @@ pub enum Builtin {
 
 impl Builtin {
     /// Every built-in.
-    pub const ALL: [Builtin; 9] = [
+    pub const ALL: [Builtin; 12] = [
+        Builtin::CancelCall,
         Builtin::CancelTask,
         Builtin::DeleteCall,
         Builtin::DeleteTask,
+        Builtin::GetCallResult,
         Builtin::GetTaskResult,
         Builtin::ListArtifacts,
         Builtin::ListTasks,
         Builtin::ReadArtifact,
         Builtin::RunCodingTask,
+        Builtin::StartCall,
         Builtin::ToolSearch,
     ];
 
@@ -66,6 +77,9 @@ impl Builtin {
             Builtin::CancelTask => "cancel_task",
             Builtin::DeleteTask => "delete_task",
             Builtin::DeleteCall => "delete_call",
+            Builtin::StartCall => "start_call",
+            Builtin::GetCallResult => "get_call_result",
+            Builtin::CancelCall => "cancel_call",
             Builtin::ListArtifacts => "list_artifacts",
             Builtin::ReadArtifact => "read_artifact",
             Builtin::ToolSearch => "tool_search",
@@ -74,7 +88,7 @@ impl Builtin {
 
     /// Whether the built-in belongs to the coding-task surface (see the module docs).
     pub fn is_task_tool(self) -> bool {
-        self != Builtin::DeleteCall
+        !matches!(self, Builtin::DeleteCall | Builtin::StartCall | Builtin::GetCallResult | Builtin::CancelCall)
     }
 
     /// The built-in called `name`.
@@ -93,9 +107,12 @@ impl Builtin {
             .with_annotations(ToolAnnotations::from_raw(
                 None,
                 Some(read_only),
-                Some(matches!(self, Builtin::CancelTask | Builtin::DeleteTask | Builtin::DeleteCall)),
+                Some(matches!(
+                    self,
+                    Builtin::CancelTask | Builtin::DeleteTask | Builtin::DeleteCall | Builtin::CancelCall
+                )),
                 Some(read_only),
-                Some(self == Builtin::RunCodingTask),
+                Some(matches!(self, Builtin::RunCodingTask | Builtin::StartCall)),
             ))
     }
 
@@ -122,6 +139,19 @@ impl Builtin {
 
 fn task_id_schema() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": 63, "description": "The task id (from run_coding_task or list_tasks)."})
+}
+
+fn call_id_schema() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 63, "description": "The call id (from start_call, or a tool result's _meta)."})
+}
+
+fn call_state_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "call_id": {"type": "string"},
+        "status": {"type": "string", "enum": ["running", "completed", "failed", "cancelled"]},
+        "result": {"type": ["object", "null"], "description": "The tool's answer once completed: content, structuredContent, isError."},
+        "error": {"type": ["string", "null"]}},
+        "required": ["call_id", "status", "result"]})
 }
 
 fn result_schema() -> Value {
@@ -231,6 +261,40 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
                 "description": "The call id (from a tool result's _meta)."}}, "required": ["call_id"], "additionalProperties": false}),
             json!({"type": "object", "properties": {"call_id": {"type": "string"}, "deleted": {"type": "boolean"},
                 "files": {"type": "integer"}}, "required": ["call_id", "deleted", "files"]}),
+            false,
+        ),
+        Builtin::StartCall => (
+            "Start a call",
+            "Starts a call of one of your tools and answers with its call_id without waiting for it: use \
+             get_call_result to follow it and cancel_call to stop it. The call goes on if you disconnect or the \
+             gateway restarts. A tool that runs in a warm pool answers at once (status `completed`). Clients with \
+             the MCP tasks extension get the same from a plain tools/call.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "tool": {"type": "string", "minLength": 1, "maxLength": 64, "description": "The tool to call."},
+                    "arguments": {"type": "object", "description": "The tool's arguments.", "default": {}}
+                },
+                "required": ["tool"],
+                "additionalProperties": false
+            }),
+            call_state_schema(),
+            false,
+        ),
+        Builtin::GetCallResult => (
+            "Get a call's result",
+            "The state of a call started with start_call (or any of your calls): `running`, or `completed` with \
+             the tool's answer in `result` (its images and file links follow as content), or `failed`/`cancelled`.",
+            json!({"type": "object", "properties": {"call_id": call_id_schema()}, "required": ["call_id"], "additionalProperties": false}),
+            call_state_schema(),
+            true,
+        ),
+        Builtin::CancelCall => (
+            "Cancel a call",
+            "Stops one of your running calls (started with start_call). A call that has ended is left as it is.",
+            json!({"type": "object", "properties": {"call_id": call_id_schema()}, "required": ["call_id"], "additionalProperties": false}),
+            json!({"type": "object", "properties": {"call_id": {"type": "string"}, "status": {"type": "string"},
+                "cancel_requested": {"type": "boolean"}}, "required": ["call_id", "status", "cancel_requested"]}),
             false,
         ),
         Builtin::ListArtifacts => (

@@ -50,6 +50,50 @@ fn task_request_id(id: &impl std::fmt::Display) -> Value {
     Value::String(format!("task:{id}"))
 }
 
+/// How a detached call began ([`McpHandler::start_detached`]).
+enum Detached {
+    /// Running where it outlives this replica.
+    Started(RunId),
+    /// Ended before that (a warm-pool call), or refused: its answer.
+    Answered(CallToolResult),
+}
+
+/// Where a call stands ([`McpHandler::call_progress`]).
+enum CallProgress {
+    Running,
+    Completed(Box<CallToolResult>),
+    Cancelled,
+    /// Accepted, but its run is gone without a result.
+    Lost,
+}
+
+const LOST_CALL: &str = "the call ended without a result (its run was lost)";
+
+fn json_object(value: &impl serde::Serialize) -> rmcp::model::JsonObject {
+    serde_json::to_value(value).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default()
+}
+
+/// The answer of `start_call`, `get_call_result` and `cancel_call`: `{call_id, status, result,
+/// error}` (and `cancel_requested` for `cancel_call`) as structured content and text, then
+/// the images and file links of a completed call's answer.
+fn call_state_result(id: &RunId, progress: &CallProgress, cancel: bool) -> CallToolResult {
+    let (status, result, error) = match progress {
+        CallProgress::Running => ("running", Value::Null, Value::Null),
+        CallProgress::Completed(answer) => ("completed", Value::Object(json_object(answer)), Value::Null),
+        CallProgress::Cancelled => ("cancelled", Value::Null, Value::Null),
+        CallProgress::Lost => ("failed", Value::Null, Value::String(LOST_CALL.to_owned())),
+    };
+    let mut value = serde_json::json!({"call_id": id.as_str(), "status": status, "result": result, "error": error});
+    if cancel {
+        value["cancel_requested"] = Value::Bool(matches!(progress, CallProgress::Running));
+    }
+    let mut answer = super::tasks::json_result(value);
+    if let CallProgress::Completed(called) = progress {
+        answer.content.extend(called.content.iter().filter(|c| c.as_text().is_none()).cloned());
+    }
+    answer
+}
+
 /// Most resources one subscription may watch.
 const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
 
@@ -287,6 +331,9 @@ impl McpHandler {
             Builtin::CancelTask => tools.cancel(&arguments).await.map(Into::into),
             Builtin::DeleteTask => tools.delete(&arguments).await.map(Into::into),
             Builtin::DeleteCall => tools.delete_call(&arguments).await.map(Into::into),
+            Builtin::StartCall => self.start_call_builtin(&arguments, context).await.map(Into::into),
+            Builtin::GetCallResult => self.follow_call_builtin(who, &arguments, false).await.map(Into::into),
+            Builtin::CancelCall => self.follow_call_builtin(who, &arguments, true).await.map(Into::into),
             Builtin::ListArtifacts => tools.list_artifacts(&arguments).await.map(Into::into),
             Builtin::ReadArtifact => tools.read_artifact(&arguments).await.map(Into::into),
             Builtin::ToolSearch => tools.tool_search(&arguments).await.map(Into::into),
@@ -327,26 +374,49 @@ impl McpHandler {
 
     /// `tools/call` of a Job-mode tool from a client with the tasks extension: admitted like
     /// any call, then answered at once with a task handle (the call id) while the call runs
-    /// detached from the request and from this process. `tasks/get` follows it from storage
-    /// and the cluster's state ([`McpHandler::call_task`]), on any replica and after a
-    /// restart; `tasks/cancel` stops it like `notifications/cancelled` would.
+    /// detached from the request and from this process (see [`McpHandler::start_detached`]).
+    /// `tasks/get` follows it ([`McpHandler::call_task`]); `tasks/cancel` stops it.
     async fn call_as_task(
         &self,
         request: CallToolRequestParams,
         info: &RequestInfo<'_>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = request.arguments.unwrap_or_default();
+        match self.start_detached(request.name.into_owned(), arguments, info).await? {
+            Detached::Started(id) => {
+                let now = jiff::Timestamp::now().to_string();
+                let handle = Task::new(id.to_string(), McpTaskStatus::Working, now.clone(), now)
+                    .with_poll_interval_ms(CALL_TASK_POLL_MS)
+                    .with_status_message("the call is running");
+                Ok(CallToolResponse::Task(CreateTaskResult::new(handle)))
+            }
+            Detached::Answered(answer) => Ok(answer.into()),
+        }
+    }
+
+    /// Starts a call that runs detached from the request and from this process: admitted like
+    /// any call (a refusal is answered at once), then [`Detached::Started`] once its run exists
+    /// where it outlives this replica (the ToolCall, or the local runner). A call that ends
+    /// before that (a warm-pool call) is [`Detached::Answered`]. It is followed with
+    /// [`McpHandler::call_progress`] on any replica, and cancelled by the request id
+    /// [`task_request_id`] of its id.
+    async fn start_detached(
+        &self,
+        tool: String,
+        arguments: rmcp::model::JsonObject,
+        info: &RequestInfo<'_>,
+    ) -> Result<Detached, ErrorData> {
         let who = info.identity()?.clone();
         let owner_key = who.owner_key();
-        let id = crate::core::ids::new_call_id(&request.name);
+        let id = crate::core::ids::new_call_id(&tool);
         let cancel_key = cancel::cancel_key(&owner_key, &task_request_id(&id));
         let cancel = CancellationToken::new();
         let (admitted, started) = tokio::sync::oneshot::channel();
-        // `started` fires once the run is started where it outlives this process.
         let input = CallInput {
             who,
             selection: info.scope().selection(),
-            tool: request.name.into_owned(),
-            arguments: request.arguments.unwrap_or_default(),
+            tool,
+            arguments,
             traceparent: info.traceparent(),
             parent_task: None,
             cancel: cancel.clone(),
@@ -360,24 +430,18 @@ impl McpHandler {
             calls.call(input).await
         });
         tokio::select! {
-            Ok(()) = started => {
-                let now = jiff::Timestamp::now().to_string();
-                let handle = Task::new(id.to_string(), McpTaskStatus::Working, now.clone(), now)
-                    .with_poll_interval_ms(CALL_TASK_POLL_MS)
-                    .with_status_message("the call is running");
-                Ok(CallToolResponse::Task(CreateTaskResult::new(handle)))
-            }
+            Ok(()) = started => Ok(Detached::Started(id)),
             joined = &mut run => match joined {
-                Ok(Ok(called)) => Ok(self.answer(&owner_key, called.id, called.result).await.into()),
-                Ok(Err(e)) => self.refused(e).map(Into::into),
+                Ok(Ok(called)) => Ok(Detached::Answered(self.answer(&owner_key, called.id, called.result).await)),
+                Ok(Err(e)) => self.refused(e).map(Detached::Answered),
                 Err(e) => Err(ErrorData::internal_error(format!("the call failed: {e}"), None)),
             },
         }
     }
 
-    /// `tasks/get` of a call started as a task: its stored result, else what the platform
-    /// knows of its run; `None` when `raw_id` names no call of `who`.
-    async fn call_task(&self, who: &Identity, raw_id: &str) -> Result<Option<DetailedTask>, ErrorData> {
+    /// Where a call of `who` stands: its stored result, else what the platform knows of its
+    /// run; `None` when `raw_id` names no call of `who`.
+    async fn call_progress(&self, who: &Identity, raw_id: &str) -> Result<Option<(RunId, CallProgress)>, ErrorData> {
         let Ok(id) = RunId::parse(raw_id) else { return Ok(None) };
         let owner = who.owner_key();
         let store = self.state.store.as_ref();
@@ -393,40 +457,91 @@ impl McpHandler {
                     if accepted.map_err(|e| self.platform_error(&e))?.is_none() {
                         return Ok(None);
                     }
-                    let error = ErrorData::internal_error("the call ended without a result (its run was lost)", None);
-                    let error =
-                        serde_json::to_value(error).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default();
-                    return Ok(Some(self.call_task_state(&id, TaskPayload::Failed { error })));
+                    return Ok(Some((id, CallProgress::Lost)));
                 }
             },
         };
-        let payload = match result {
-            None => TaskPayload::Working,
-            Some(r) if r.error.as_ref().is_some_and(|e| e.kind == CallErrorKind::Cancelled) => TaskPayload::Cancelled,
-            Some(r) => {
-                let answer = self.answer(&owner, id.clone(), r).await;
-                let result = serde_json::to_value(answer).ok().and_then(|v| v.as_object().cloned()).unwrap_or_default();
-                TaskPayload::Completed { result }
-            }
+        let progress = match result {
+            None => CallProgress::Running,
+            Some(r) if r.error.as_ref().is_some_and(|e| e.kind == CallErrorKind::Cancelled) => CallProgress::Cancelled,
+            Some(r) => CallProgress::Completed(Box::new(self.answer(&owner, id.clone(), r).await)),
         };
-        Ok(Some(self.call_task_state(&id, payload)))
+        Ok(Some((id, progress)))
     }
 
-    fn call_task_state(&self, id: &RunId, payload: TaskPayload) -> DetailedTask {
+    /// `tasks/get` of a call started as a task; `None` when `raw_id` names no call of `who`.
+    async fn call_task(&self, who: &Identity, raw_id: &str) -> Result<Option<DetailedTask>, ErrorData> {
+        let Some((id, progress)) = self.call_progress(who, raw_id).await? else { return Ok(None) };
+        let payload = match progress {
+            CallProgress::Running => TaskPayload::Working,
+            CallProgress::Cancelled => TaskPayload::Cancelled,
+            CallProgress::Completed(answer) => TaskPayload::Completed { result: json_object(&answer) },
+            CallProgress::Lost => {
+                TaskPayload::Failed { error: json_object(&ErrorData::internal_error(LOST_CALL, None)) }
+            }
+        };
         let now = jiff::Timestamp::now().to_string();
         let task = Task::new(id.to_string(), McpTaskStatus::Working, now.clone(), now)
             .with_poll_interval_ms(CALL_TASK_POLL_MS);
-        DetailedTask::new(task, payload)
+        Ok(Some(DetailedTask::new(task, payload)))
     }
 
-    /// `tasks/cancel` of a call started as a task: `false` when `raw_id` names no running
-    /// call of `who`.
+    /// `tasks/cancel` of a call started as a task: `false` when `raw_id` names no call of
+    /// `who`; a call that has ended is left as it is.
     async fn cancel_call_task(&self, who: &Identity, raw_id: &str) -> Result<bool, ErrorData> {
-        let Some(task) = self.call_task(who, raw_id).await? else { return Ok(false) };
-        if task.status() == McpTaskStatus::Working {
-            cancel::on_cancelled(&self.state, who, &task_request_id(&task.task.task_id));
+        Ok(self.cancel_call(who, raw_id).await?.is_some())
+    }
+
+    /// Cancels a running call of `who`; `None` when `raw_id` names no call of `who`, else
+    /// where it stood and whether it was asked to stop.
+    async fn cancel_call(&self, who: &Identity, raw_id: &str) -> Result<Option<(RunId, CallProgress)>, ErrorData> {
+        let Some((id, progress)) = self.call_progress(who, raw_id).await? else { return Ok(None) };
+        if matches!(progress, CallProgress::Running) {
+            cancel::on_cancelled(&self.state, who, &task_request_id(&id));
         }
-        Ok(true)
+        Ok(Some((id, progress)))
+    }
+
+    /// `start_call(tool, arguments)`: a 2025-11-25 client's way to a detached call.
+    async fn start_call_builtin(
+        &self,
+        arguments: &rmcp::model::JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let info = RequestInfo::from_context(context);
+        let tool = arguments.get("tool").and_then(Value::as_str).unwrap_or_default().to_owned();
+        if Builtin::from_name(&tool).is_some() {
+            return Err(errors::unknown_tool(&tool));
+        }
+        let tool_arguments = arguments.get("arguments").and_then(Value::as_object).cloned().unwrap_or_default();
+        match self.start_detached(tool, tool_arguments, &info).await? {
+            Detached::Started(id) => Ok(call_state_result(&id, &CallProgress::Running, false)),
+            Detached::Answered(answer) => match answer.meta.as_ref().and_then(|m| m.0.get(CALL_ID_META)) {
+                Some(Value::String(id)) => {
+                    let id = RunId::parse(id).map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                    Ok(call_state_result(&id, &CallProgress::Completed(Box::new(answer)), false))
+                }
+                // Refused before it ran: the refusal itself.
+                _ => Ok(answer),
+            },
+        }
+    }
+
+    /// `get_call_result(call_id)` and `cancel_call(call_id)`.
+    async fn follow_call_builtin(
+        &self,
+        who: &Identity,
+        arguments: &rmcp::model::JsonObject,
+        cancel: bool,
+    ) -> Result<CallToolResult, ErrorData> {
+        let raw = arguments.get("call_id").and_then(Value::as_str).unwrap_or_default();
+        let found = if cancel { self.cancel_call(who, raw).await? } else { self.call_progress(who, raw).await? };
+        match found {
+            Some((id, progress)) => Ok(call_state_result(&id, &progress, cancel)),
+            None => {
+                Ok(super::tasks::error_result(format!("no such call: {:?}", raw.chars().take(64).collect::<String>())))
+            }
+        }
     }
 
     /// The MCP answer of a call: its value, the files it returned, and its id in `_meta`.

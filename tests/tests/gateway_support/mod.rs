@@ -511,13 +511,24 @@ impl Gateway {
     }
 
     /// Names of the tools `client` can list (all pages).
+    /// The tools `client` lists, sorted, without the call built-ins (listed for anyone who may
+    /// call some tool: see [`CALL_TOOLS`]).
     pub async fn listed(client: &RunningService<RoleClient, ClientConfig>) -> Vec<String> {
-        let mut names: Vec<String> =
-            client.list_all_tools().await.expect("tools/list").into_iter().map(|t| t.name.to_string()).collect();
+        let mut names: Vec<String> = client
+            .list_all_tools()
+            .await
+            .expect("tools/list")
+            .into_iter()
+            .map(|t| t.name.to_string())
+            .filter(|n| !CALL_TOOLS.contains(&n.as_str()))
+            .collect();
         names.sort();
         names
     }
 }
+
+/// The built-ins `/mcp` lists for anyone who may call some tool there.
+pub const CALL_TOOLS: [&str; 4] = ["cancel_call", "delete_call", "get_call_result", "start_call"];
 
 /// What the stand-in runner does with calls of one tool (by McpTool object name).
 #[derive(Clone, Debug)]
