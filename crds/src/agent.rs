@@ -139,6 +139,27 @@ pub struct ToolOutcome {
     /// Id of the call that ran (its ToolCall name, or its `calls/<id>` folder), when one ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_id: Option<String>,
+    /// The files the tool returned (images, CSVs…), each saved as an artifact of the task.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ReturnedFile>,
+}
+
+/// A file a tool returned to a coding task's call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReturnedFile {
+    /// Its name as the function gave it.
+    pub name: String,
+    /// Its media type.
+    pub mime_type: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// The task artifact it is saved as (`<call id>/<name>`), or `None` when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
+    /// Why it was not saved (the task's artifact limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_saved: Option<String>,
 }
 
 /// An artifact as listed from storage.

@@ -254,6 +254,47 @@ async fn pricing_task_computes_saves_and_reads_back_its_scenarios_on_the_embedde
     gateway.stop().await;
 }
 
+/// The files a tool returns to a task's call become the task's artifacts (`<call id>/<name>`):
+/// the step's output names each, the code reads them back, and the task's result lists them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn files_a_tool_returns_to_a_task_are_its_artifacts_and_its_code_reads_them() {
+    // The note printed with the call is what a model reads; this script finds the artifact
+    // names in it as a model would.
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![
+            Turn::code(
+                "import io, re, contextlib\nout = io.StringIO()\nwith contextlib.redirect_stdout(out):\n    \
+                 r = chart(points=2)\nprint(out.getvalue())\nnames = re.findall(r'saved as the artifact \"([^\"]+)\"', \
+                 out.getvalue())\nprint(read_written_artifact(names[1]))",
+            ),
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'charted'})")
+                .expecting("returned chart.png (image/png, ")
+                .expecting("returned data/points.csv (text/csv, 12 bytes), saved as the artifact")
+                .expecting("x,y\n0,0\n1,1"),
+        ],
+    )
+    .await;
+    let data = TempDir::new("coding-local-files");
+    let gateway =
+        LocalGateway::start(&repo_path("tests/fixtures/misbehaving"), data.path(), ModelEnv::Scripted(&model), &[])
+            .await;
+    let client = gateway.client().await;
+    let result = run_task(&client, json!({"task": "chart two points", "tools": ["chart"]})).await;
+    if result["status"] != "success" {
+        gateway.dump_log();
+    }
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
+    let names: Vec<&str> =
+        result["artifacts"].as_array().expect("artifacts").iter().filter_map(|a| a["name"].as_str()).collect();
+    assert_eq!(names.len(), 2, "{result}");
+    let call = names[0].split('/').next().expect("the call id");
+    assert!(call.starts_with("chart-"), "{names:?}");
+    assert_eq!(names, [format!("{call}/chart.png"), format!("{call}/data/points.csv")], "{result}");
+    gateway.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_that_cannot_finish_say_why_on_the_embedded_mode() {
     let gate = Gate::new();

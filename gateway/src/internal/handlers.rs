@@ -235,11 +235,30 @@ pub async fn put_task_output(
 ) -> Result<StatusCode, ApiError> {
     let path = output_path(&path)?;
     let (id, _record) = super::tasks::live_task(&state, &claims, &id).await?;
-    let owner = claims.owner_key();
     let bytes = read_body(&headers, body, state.limits.output_bytes, "the artifact").await?;
-    let target = task_path(&owner, &id, &TaskFile::Output(path));
+    store_task_output(&state, &claims.owner_key(), &id, path, bytes).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Stores one artifact of a task within the task's limits (count and bytes; the artifact it
+/// replaces, if any, does not count).
+pub(super) async fn store_task_output(
+    state: &InternalState,
+    owner: &OwnerKey,
+    id: &RunId,
+    path: RelativePath,
+    bytes: Bytes,
+) -> Result<(), ApiError> {
+    if bytes.len() > state.limits.output_bytes {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the artifact has {} bytes, more than the {} one may have", bytes.len(), state.limits.output_bytes),
+        ));
+    }
+    let owner = owner.clone();
+    let target = task_path(&owner, id, &TaskFile::Output(path));
     // The task's other artifacts (the one replaced, if any, does not count).
-    let folder = format!("{}outputs/", relative(&owner, storage::task_prefix(&owner, &id)));
+    let folder = format!("{}outputs/", relative(&owner, storage::task_prefix(&owner, id)));
     let others: Vec<_> = state.store.list(&owner, &folder).await?.into_iter().filter(|o| o.path != target).collect();
     let limits = &state.limits;
     if others.len() >= limits.task_outputs {
@@ -260,7 +279,7 @@ pub async fn put_task_output(
         ));
     }
     state.store.put(&owner, &target, bytes).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 /// `GET tasks/{id}/outputs/{*path}`.

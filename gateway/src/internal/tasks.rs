@@ -17,15 +17,15 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::agent::{ArtifactEntry, TaskResult, TaskSpec, ToolCallBody, ToolOutcome};
+use toolyard_api::agent::{ArtifactEntry, ReturnedFile, TaskResult, TaskSpec, ToolCallBody, ToolOutcome};
 use toolyard_api::protocol::structured_content;
-use toolyard_api::storage::{RunId, TaskFile};
+use toolyard_api::storage::{RelativePath, RunId, TaskFile};
 use toolyard_api::token::RunKind;
 
 use super::InternalState;
 use super::auth::RunClaims;
 use super::error::ApiError;
-use super::handlers::read_body;
+use super::handlers::{read_body, store_task_output};
 use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, Called, Calls, Selection};
 use crate::identity::Identity;
@@ -135,16 +135,19 @@ pub async fn tool_call(
         structured_content: None,
         text,
         call_id: call_id.map(ToString::to_string),
+        files: Vec::new(),
     };
     Ok(Json(match api.calls.call(input).await {
         Ok(Called { id: call_id, result }) => match (result.error, result.value) {
             (Some(error), _) => failed(error.message, Some(&call_id)),
             (None, value) => {
                 let value = value.unwrap_or(Value::Null);
+                let owner = claims.owner_key();
                 ToolOutcome {
                     is_error: false,
                     text: serde_json::to_string(&value).unwrap_or_default(),
                     structured_content: Some(Value::Object(structured_content(&value))),
+                    files: keep_returned_files(&state, &owner, &id, &call_id, &result.files).await,
                     call_id: Some(call_id.to_string()),
                 }
             }
@@ -161,6 +164,48 @@ pub async fn tool_call(
             failed(e.public_message(), None)
         }
     }))
+}
+
+/// Saves the files a task's call returned as artifacts of the task (`<call id>/<name>`),
+/// within the task's artifact limits, so that they are part of what the task hands back and
+/// its code can read them.
+async fn keep_returned_files(
+    state: &InternalState,
+    owner: &toolyard_api::OwnerKey,
+    task: &RunId,
+    call: &RunId,
+    files: &[toolyard_api::protocol::outputs::OutputFile],
+) -> Vec<ReturnedFile> {
+    let mut kept = Vec::with_capacity(files.len());
+    for file in files {
+        let name = format!("{call}/{}", file.name);
+        let saved = match (
+            RelativePath::parse(&name),
+            state.store.get(owner, &format!("calls/{call}/outputs/{}", file.name)).await,
+        ) {
+            (Ok(path), Ok(Some(bytes))) => {
+                store_task_output(state, owner, task, path, bytes).await.map_err(|e| e.message)
+            }
+            (Err(e), _) => Err(e.to_string()),
+            (_, Ok(None)) => Err("the call's file is not stored".to_owned()),
+            (_, Err(e)) => {
+                tracing::warn!(task = %task, call = %call, error = %e, "reading a returned file failed");
+                Err(e.public_message())
+            }
+        };
+        let (artifact, not_saved) = match saved {
+            Ok(()) => (Some(name), None),
+            Err(why) => (None, Some(why)),
+        };
+        kept.push(ReturnedFile {
+            name: file.name.clone(),
+            mime_type: file.mime_type.clone(),
+            size: file.size,
+            artifact,
+            not_saved,
+        });
+    }
+    kept
 }
 
 /// `GET tasks/{id}/outputs`: the artifacts, listed from storage.

@@ -107,6 +107,17 @@ def test_tool_stubs_call_back_through_the_runner(harness):
     assert seen[0]["arguments"] == {"spot": 100, "strike": 95}
 
 
+def test_notes_of_a_tool_reply_show_in_the_steps_output(harness):
+    note = '[risk_chart returned var.png (image/png, 12 bytes), saved as the artifact "c1/var.png"]'
+
+    def replies(request):
+        return {"ok": True, "result": {"var": 1.5}, "notes": [note]}
+
+    out = harness.run("r = price_option(1)\nprint(r['var'])", replies=replies)
+    assert out["error"] is None, out["error"]
+    assert out["output"] == f"{note}\n1.5\n"
+
+
 def test_bad_stub_calls_fail_in_python_without_a_request(harness):
     out = harness.run("price_option(1, 2, 3)")
     assert "TypeError" in out["error"]

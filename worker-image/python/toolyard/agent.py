@@ -13,7 +13,8 @@ runner -> harness
   {"type": "init", "tools": [{"name", "description", "input_schema", "params"}...],
    "max_artifact_bytes": N, "max_output_chars": N}
   {"type": "exec", "step": n, "code": "..."}
-  {"type": "reply", "id": k, "ok": true, "result": ...}      (answer to a request)
+  {"type": "reply", "id": k, "ok": true, "result": ..., "notes": [...]}  (answer to a request;
+   `notes`, printed into the step's output, say what files a tool returned)
   {"type": "reply", "id": k, "ok": false, "error": "..."}
 
 harness -> runner
@@ -85,6 +86,8 @@ class Channel:
             raise RuntimeError(f"protocol error: expected reply {request_id}, got {reply!r}")
         if not reply.get("ok"):
             raise ToolError(reply.get("error") or "failed")
+        for note in reply.get("notes") or ():
+            print(note)
         return reply.get("result")
 
 

@@ -27,11 +27,20 @@ pub struct PythonSettings {
 #[async_trait]
 pub trait Requests: Send {
     /// Calls a tool; `Err` is the message of the `ToolError` the code sees.
-    async fn call_tool(&mut self, name: &str, arguments: Value) -> Result<Value, String>;
+    async fn call_tool(&mut self, name: &str, arguments: Value) -> Result<ToolReply, String>;
     /// Saves an artifact.
     async fn write_artifact(&mut self, filename: &str, content_base64: &str) -> Result<(), String>;
     /// Reads back an artifact (base64).
     async fn read_artifact(&mut self, filename: &str) -> Result<String, String>;
+}
+
+/// A tool's answer to the task's code.
+#[derive(Debug, Default)]
+pub struct ToolReply {
+    /// What the tool's Python function returns to the code.
+    pub value: Value,
+    /// Lines the step's output shows after the call (the files the tool returned).
+    pub notes: Vec<String>,
 }
 
 /// The outcome of one step.
@@ -153,10 +162,14 @@ impl Harness {
                 }
                 Some("request") => {
                     let id = message["id"].clone();
+                    let mut notes = Vec::new();
                     let reply = match message["op"].as_str() {
                         Some("call_tool") => {
                             let name = message["name"].as_str().unwrap_or_default();
-                            requests.call_tool(name, message["arguments"].clone()).await.map(Some)
+                            requests.call_tool(name, message["arguments"].clone()).await.map(|reply| {
+                                notes = reply.notes;
+                                Some(reply.value)
+                            })
                         }
                         Some("write_artifact") => requests
                             .write_artifact(
@@ -172,7 +185,10 @@ impl Harness {
                         other => Err(format!("unknown request {other:?}")),
                     };
                     let answer = match reply {
-                        Ok(result) => json!({"type": "reply", "id": id, "ok": true, "result": result}),
+                        Ok(result) if notes.is_empty() => {
+                            json!({"type": "reply", "id": id, "ok": true, "result": result})
+                        }
+                        Ok(result) => json!({"type": "reply", "id": id, "ok": true, "result": result, "notes": notes}),
                         Err(error) => json!({"type": "reply", "id": id, "ok": false, "error": error}),
                     };
                     self.send(&answer).await?;

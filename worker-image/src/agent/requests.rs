@@ -8,12 +8,12 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Serialize;
 use serde_json::{Value, json};
-use toolyard_api::agent::{TaskSpec, event};
+use toolyard_api::agent::{ReturnedFile, TaskSpec, event};
 use toolyard_api::storage::RelativePath;
 use tracing::Instrument;
 
 use super::Events;
-use super::harness::Requests;
+use super::harness::{Requests, ToolReply};
 use crate::api::InternalApi;
 
 /// One tool call of the task, as saved in `tool_calls.json`.
@@ -30,6 +30,9 @@ pub(crate) struct ToolCallRecord {
     result: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// The files the tool returned, and the artifacts they are saved as.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    files: Vec<ReturnedFile>,
     duration_ms: u64,
 }
 
@@ -55,7 +58,7 @@ pub(crate) struct StepRequests<'a> {
 
 #[async_trait]
 impl Requests for StepRequests<'_> {
-    async fn call_tool(&mut self, name: &str, arguments: Value) -> Result<Value, String> {
+    async fn call_tool(&mut self, name: &str, arguments: Value) -> Result<ToolReply, String> {
         let budget = u32::try_from(self.spec.budgets.max_tool_calls).unwrap_or(0);
         if self.tally.tool_calls >= budget {
             self.tally.tool_budget_exhausted = true;
@@ -79,10 +82,12 @@ impl Requests for StepRequests<'_> {
             span.record("otel.status_code", "ERROR");
         }
         let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let (call_id, result, error) = match outcome {
-            Ok(o) if !o.is_error => (o.call_id, Some(o.structured_content.unwrap_or(Value::String(o.text))), None),
-            Ok(o) => (o.call_id, None, Some(o.text)),
-            Err(e) => (None, None, Some(e.to_string())),
+        let (call_id, result, error, files) = match outcome {
+            Ok(o) if !o.is_error => {
+                (o.call_id, Some(o.structured_content.unwrap_or(Value::String(o.text))), None, o.files)
+            }
+            Ok(o) => (o.call_id, None, Some(o.text), o.files),
+            Err(e) => (None, None, Some(e.to_string()), Vec::new()),
         };
         let is_error = error.is_some();
         if !is_error {
@@ -103,11 +108,12 @@ impl Requests for StepRequests<'_> {
             is_error,
             result: result.clone(),
             error: error.clone(),
+            files: files.clone(),
             duration_ms,
         });
         match error {
             Some(e) => Err(e),
-            None => Ok(result.unwrap_or(Value::Null)),
+            None => Ok(ToolReply { value: result.unwrap_or(Value::Null), notes: file_notes(name, &files) }),
         }
     }
 
@@ -130,4 +136,19 @@ impl Requests for StepRequests<'_> {
         let bytes = self.api.get_task_output(&self.spec.id, name.as_str()).await.map_err(|e| e.to_string())?;
         Ok(B64.encode(bytes))
     }
+}
+
+/// What the step's output says of the files a tool returned: each one's name, type and size,
+/// and the artifact the code reads it as (`read_written_artifact`), or why it was not saved.
+fn file_notes(tool: &str, files: &[ReturnedFile]) -> Vec<String> {
+    files
+        .iter()
+        .map(|f| {
+            let what = format!("[{tool} returned {} ({}, {} bytes)", f.name, f.mime_type, f.size);
+            match (&f.artifact, &f.not_saved) {
+                (Some(artifact), _) => format!("{what}, saved as the artifact {artifact:?}]"),
+                (None, why) => format!("{what}, not saved: {}]", why.as_deref().unwrap_or("unknown reason")),
+            }
+        })
+        .collect()
 }
