@@ -5,6 +5,7 @@
 #   docker build --target runner     -t ghcr.io/toolyard/runner:0.1.0 .
 #   docker build --target agent      -t ghcr.io/toolyard/agent:0.1.0 .
 #   docker build --target pricing    -t ghcr.io/toolyard/pricing:0.1.0 .
+#   docker build --target risk       -t ghcr.io/toolyard/risk:0.1.0 .      # pip installs numpy, pandas, matplotlib
 #   docker build --target dev-s3     -t ghcr.io/toolyard/dev-s3:0.1.0 .   # development only
 #
 # The tag is the chart's appVersion (charts/toolyard/Chart.yaml), which the chart uses when no
@@ -26,6 +27,8 @@ ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 ARG CC_IMAGE=gcr.io/distroless/cc-debian12:nonroot
 ARG BUSYBOX_IMAGE=busybox:1.36-musl
 ARG BINARIES=compile
+# Wheels for an offline build of the risk image (see examples/risk/wheels/README.md).
+ARG RISK_WHEELS=examples/risk/wheels
 ARG VERSION=0.1.0
 ARG S3S_VERSION=0.14.1
 
@@ -119,6 +122,36 @@ COPY examples/pricing/pricing /app/pricing
 RUN python3 -m compileall -q /opt/toolyard/python /app
 WORKDIR /app
 ENV PYTHONPATH=/app:/opt/toolyard/python
+USER 65532:65532
+
+# The risk example's tool image: Python with `toolyard`, the `risk` package and its pip
+# dependencies (examples/risk/requirements.txt). pip runs in a stage of its own, so the image
+# holds the installed packages and not pip's cache or the wheels. With wheels in RISK_WHEELS
+# nothing is downloaded (and pip itself may come from a wheel there when the base has none).
+FROM ${PYTHON_IMAGE} AS risk-deps
+ARG RISK_WHEELS
+COPY ${RISK_WHEELS}/ /tmp/wheels/
+COPY examples/risk/requirements.txt /tmp/requirements.txt
+RUN set -eu; \
+    if python3 -m pip --version >/dev/null 2>&1; then pip="python3 -m pip"; \
+    else pip="python3 $(ls /tmp/wheels/pip-*.whl)/pip"; fi; \
+    if ls /tmp/wheels/*.whl >/dev/null 2>&1; then from="--no-index --find-links /tmp/wheels"; else from=""; fi; \
+    $pip install --no-cache-dir --disable-pip-version-check --target /opt/risk/site $from -r /tmp/requirements.txt
+
+FROM ${PYTHON_IMAGE} AS risk
+ARG VERSION
+LABEL org.opencontainers.image.title="toolyard-risk" \
+      org.opencontainers.image.description="The risk example's tool image" \
+      org.opencontainers.image.source="https://github.com/toolyard/toolyard" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=risk-deps /opt/risk/site /opt/risk/site
+COPY worker-image/python/toolyard /opt/toolyard/python/toolyard
+COPY examples/risk/risk /app/risk
+RUN python3 -m compileall -q /opt/toolyard/python /app
+WORKDIR /app
+# Matplotlib keeps its font cache in MPLCONFIGDIR: /tmp is the pod's one writable folder.
+ENV PYTHONPATH=/app:/opt/toolyard/python:/opt/risk/site MPLCONFIGDIR=/tmp/matplotlib MPLBACKEND=Agg
 USER 65532:65532
 
 # Development S3 server (s3s-fs, with the bucket `toolyard`) for trying Toolyard on a local

@@ -180,7 +180,7 @@ fi
 
 # --- Python and chart -------------------------------------------------------------------
 if ((VENV_OK == 0)); then
-  suite "Python tests" "$VENV/bin/python" -m pytest -q worker-image/python/tests examples/pricing/tests
+  suite "Python tests" "$VENV/bin/python" -m pytest -q worker-image/python/tests examples/pricing/tests examples/risk/tests
 else
   not_run "Python tests" "the Python venv could not be made"
 fi

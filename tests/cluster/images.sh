@@ -8,7 +8,7 @@
 #        toolyard.local/busybox  busybox-static alone: no libc at all (a busybox stand-in)
 #   2. the statically linked runner (cargo, `-C target-feature=+crt-static`);
 #   3. the Dockerfile's images from the binaries built already (`--build-arg BINARIES=prebuilt`):
-#        ghcr.io/toolyard/{gateway,controller,runner,agent,pricing,dev-s3}:<appVersion>
+#        ghcr.io/toolyard/{gateway,controller,runner,agent,pricing,risk,dev-s3}:<appVersion>
 #      and the test images: the pause and CoreDNS images of the test node, the misbehaving
 #      fixtures, and one tool image of each kind the runner must run in;
 #   4. one `docker save` archive of them all: $TOOLYARD_CACHE/images/images.tar (printed last),
@@ -59,7 +59,7 @@ cleanup() {
     for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   fi
   cgroup_kill "$GROUP" || log "could not stop everything in cgroup $GROUP"
-  rm -rf "$WORK" "$ROOT/.toolyard/image-bin"
+  rm -rf "$WORK" "$ROOT/.toolyard/image-bin" "$ROOT/.toolyard/risk-wheels"
 }
 trap cleanup EXIT
 cgroup_create "$GROUP"
@@ -153,6 +153,26 @@ for b in "$TARGET/debug/toolyard-gateway" "$TARGET/debug/toolyard-controller" "$
   objcopy --strip-debug "$b" "$STAGE/$(basename "$b")"
 done
 
+# The risk example's image pip-installs its requirements: the wheels for the image's Python
+# (Debian bookworm's 3.11), and pip's own (the base image has no pip), are downloaded once with
+# the test venv's pip into the cache, and given to the build, which has no network.
+risk_wheels() {
+  local python=${TOOLYARD_TEST_PYTHON:-$CACHE/venv/bin/python} reqs=$ROOT/examples/risk/requirements.txt key dir
+  key=$(sha256sum "$reqs" | cut -c1-12)
+  dir=$CACHE/images/risk-wheels-py311-$key
+  if [[ ! -d $dir ]]; then
+    rm -rf "$CACHE"/images/risk-wheels-py311-* && mkdir -p "$dir.tmp"
+    "$python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
+      --python-version 3.11 --implementation cp --abi cp311 \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+      --platform any -d "$dir.tmp" -r "$reqs" pip >&2 || die "downloading the risk example's wheels failed"
+    mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+mkdir -p "$ROOT/.toolyard"
+rm -rf "$ROOT/.toolyard/risk-wheels" && cp -r "$(risk_wheels)" "$ROOT/.toolyard/risk-wheels"
+
 # --- 3. images --------------------------------------------------------------------------
 build() { # <tag> <docker build args...>
   local tag=$1
@@ -161,9 +181,10 @@ build() { # <tag> <docker build args...>
     || die "docker build of $tag failed: $(tail -n 20 "$WORK/build.log")"
 }
 ARGS=(--build-arg BINARIES=prebuilt --build-arg "VERSION=$VERSION" --build-arg "CC_IMAGE=$CC_IMAGE"
-  --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" --build-arg "BUSYBOX_IMAGE=$BUSYBOX_IMAGE")
+  --build-arg "PYTHON_IMAGE=$PYTHON_IMAGE" --build-arg "BUSYBOX_IMAGE=$BUSYBOX_IMAGE"
+  --build-arg RISK_WHEELS=.toolyard/risk-wheels)
 TAGS=()
-for target in gateway controller runner agent pricing dev-s3; do
+for target in gateway controller runner agent pricing risk dev-s3; do
   log "image ghcr.io/toolyard/$target:$VERSION"
   build "ghcr.io/toolyard/$target:$VERSION" --target "$target" "${ARGS[@]}" "$ROOT"
   TAGS+=("ghcr.io/toolyard/$target:$VERSION")

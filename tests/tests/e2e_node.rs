@@ -1,11 +1,12 @@
 //! The chart as a user installs it, on the test node, from the images built from the
 //! Dockerfile: `helm install` with the kind walkthrough's values
 //! (`examples/kind/values.yaml`; its development S3 server from `examples/kind/s3.yaml`),
-//! `kubectl apply -f examples/pricing/tools.yaml`, and a ServiceAccount's token over HTTPS
+//! `kubectl apply -f examples/pricing/tools.yaml` (and the risk example's), and a ServiceAccount's token over HTTPS
 //! through `kubectl port-forward`, the gateway's self-signed certificate as the CA.
 //!
 //! Checked here, all on real pods: the official Python SDK lists the tools and calls
-//! `price_option` (a Job) and `get_quote` (a warm pool); a coding task with a scripted model
+//! `price_option` (a Job) and `get_quote` (a warm pool); the risk example's chart; a coding
+//! task composing pricing and risk tools; a coding task with a scripted model
 //! writes a CSV artifact that is read back, while the leading controller pod is deleted; a
 //! cancelled call's pod is killed; the pods' hardening as seen from inside a container; an
 //! image that does not exist; and every NetworkPolicy of the chart, enforced by kube-router
@@ -125,7 +126,9 @@ impl Install {
         }
 
         // The tools, as the README says, and the test's probes.
-        for file in ["examples/pricing/tools.yaml", "tests/fixtures/misbehaving/probes.yaml"] {
+        for file in
+            ["examples/pricing/tools.yaml", "examples/risk/tools.yaml", "tests/fixtures/misbehaving/probes.yaml"]
+        {
             kubectl(&["-n", &team, "apply", "-f", repo_path(file).to_str().expect("utf-8")]);
         }
         let tools: Api<McpTool> = Api::namespaced(env.client(User::Admin).await, &team);
@@ -398,12 +401,64 @@ async fn scenario(install: &mut Install) {
     traces(install).await;
     progress(install);
     cli(install).await;
+    risk_with_pricing(install).await;
     hardening(install).await;
     missing_image(install).await;
     cancellation_kills_the_pod(install).await;
     network_policies(install).await;
     model_written_code_reaches_no_credential(install).await;
     coding_task_outlives_the_leading_controller(install).await;
+}
+
+/// The risk example's image (numpy, pandas and matplotlib pip-installed at build time) on the
+/// node: its chart comes back as MCP image content, and a coding task composes the pricing
+/// and risk tools, the chart a tool returned becoming one of the task's artifacts.
+async fn risk_with_pricing(install: &Install) {
+    let client = install.client().await;
+    let book = json!({"us_equity": 1_000_000, "us_treasury_10y": 500_000});
+    let charted = call(&client, "pnl_chart", json!({"positions": book})).await;
+    let chart = structured(&charted);
+    assert_eq!(chart["image"], "pnl.png", "{chart}");
+    let images: Vec<_> = charted.content.iter().filter_map(|c| c.as_image()).collect();
+    assert_eq!(images.iter().map(|i| i.mime_type.as_str()).collect::<Vec<_>>(), ["image/png"], "{charted:?}");
+
+    let failures = install.model.failures().len();
+    install.model.set_script(vec![
+        Turn::code(
+            "option = price_option(spot=100, strike=100, time_to_expiry=1, volatility=0.2, rate=0.05)\n\
+             book = {'us_equity': 1_000_000, 'us_treasury_10y': 500_000}\n\
+             var = historical_var(positions=book)\n\
+             stress = stress_test(positions=book)\n\
+             chart = pnl_chart(positions=book)\n\
+             print('COMPOSED', round(option['price'], 2), round(var['var']), stress['worst'], chart['image'])",
+        ),
+        Turn::code(
+            "final_answer({'task_type': 'analysis', 'summary': 'option priced, book risk measured', \
+             'metrics': {'option_price': option['price'], 'var_99': var['var']}, \
+             'assumptions': ['two years of bundled history']})",
+        )
+        .expecting("COMPOSED 10.45 ")
+        .expecting(" liquidity_shock pnl.png")
+        .expecting("[pnl_chart returned pnl.png (image/png, "),
+    ]);
+    let result = structured(
+        &call(
+            &client,
+            "run_coding_task",
+            json!({"task": "price the option and measure the book's risk",
+                   "tools": ["price_option", "historical_var", "stress_test", "pnl_chart"]}),
+        )
+        .await,
+    );
+    assert_eq!(result["status"], "success", "{result}");
+    assert_eq!(install.model.failures()[failures..], [] as [String; 0], "the model saw what the script expects");
+    assert_eq!(result["metrics"]["var_99"], chart["var"], "the task's VaR is the chart's: {result}");
+    let artifacts: Vec<&str> =
+        result["artifacts"].as_array().expect("artifacts").iter().filter_map(|a| a["name"].as_str()).collect();
+    assert!(
+        artifacts.len() == 1 && artifacts[0].starts_with("pnl-chart-") && artifacts[0].ends_with("/pnl.png"),
+        "the chart the tool returned is the task's artifact: {artifacts:?}"
+    );
 }
 
 /// One trace from the client through the gateway's pod, the controller's reconcile and the

@@ -20,6 +20,8 @@ const PERMISSIVE: &[&str] = &[
     "ISC",
     "MIT",
     "MIT-0",
+    // Pillow's (matplotlib's image library): the CMU/HPND notice, permissive like MIT.
+    "MIT-CMU",
     "MPL-2.0",
     "PSF-2.0",
     "Unicode-3.0",

@@ -345,6 +345,34 @@ async fn a_started_call_is_followed_to_its_result() {
     assert_eq!(text_of(&unknown), "no such call: \"price-option-000000000000\"");
 }
 
+/// The risk example (numpy, pandas and matplotlib installed in the Python the local mode
+/// runs) on the embedded mode: VaR, stress scenarios, a PNG chart, and bad input named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_risk_example_computes_var_and_stress_and_returns_its_chart() {
+    let local = Local::start("examples/risk").await;
+    let book = json!({"us_equity": 1_000_000, "us_treasury_10y": 500_000});
+    let var = structured(&local.call("historical_var", json!({"positions": book, "horizon_days": 10})).await);
+    assert_eq!((var["observations"].as_u64(), var["horizon_days"].as_u64()), (Some(504), Some(10)), "{var}");
+    let (value, shortfall) = (var["var"].as_f64().expect("var"), var["expected_shortfall"].as_f64().expect("es"));
+    assert!(0.0 < value && value <= shortfall, "{var}");
+    let stress = structured(&local.call("stress_test", json!({"positions": book})).await);
+    assert_eq!(stress["worst"], "liquidity_shock", "{stress}");
+    let crash = stress["results"].as_array().expect("results").iter().find(|r| r["scenario"] == "equity_crash");
+    assert_eq!(crash.map(|r| r["pnl"].clone()), Some(json!(-230000.0)), "{stress}");
+
+    let charted = local.call("pnl_chart", json!({"positions": book})).await;
+    let chart = structured(&charted);
+    assert_eq!(chart["image"], "pnl.png", "{chart}");
+    let one_day = structured(&local.call("historical_var", json!({"positions": book})).await);
+    assert_eq!(chart["var"], one_day["var"], "the chart marks the one-day VaR");
+    let images: Vec<_> = charted.content.iter().filter_map(|c| c.as_image()).collect();
+    assert_eq!(images.iter().map(|i| i.mime_type.as_str()).collect::<Vec<_>>(), ["image/png"]);
+
+    let unknown = local.call("historical_var", json!({"positions": {"gold": 1}})).await;
+    assert_eq!(unknown.is_error, Some(true));
+    assert!(text_of(&unknown).contains("unknown risk factor(s) gold; known: us_equity"), "{}", text_of(&unknown));
+}
+
 fn call_id(result: &CallToolResult) -> String {
     let meta = result.meta.clone().expect("_meta");
     meta.0[toolyard_gateway::mcp::CALL_ID_META].as_str().expect("the call id").to_owned()
