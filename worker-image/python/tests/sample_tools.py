@@ -153,6 +153,25 @@ def steps(n: int, pause: float = 0.0) -> dict:
     return {"passed_on": passed_on}
 
 
+def late_progress(pause: float = 0.2, hold: float = 0.0) -> bool:
+    """Start a thread that reports progress `pause` seconds later and prints what that report
+    did to stderr; return after `hold` seconds."""
+    import sys
+    import threading
+
+    def late() -> None:
+        time.sleep(pause)
+        try:
+            toolyard.progress(0.5, "late")
+            print("LATE: passed on", file=sys.stderr, flush=True)
+        except RuntimeError as e:
+            print(f"LATE: {e}", file=sys.stderr, flush=True)
+
+    threading.Thread(target=late).start()
+    time.sleep(hold)
+    return True
+
+
 def anything_progress(value: Any = None) -> bool:
     """Report `value` as the fraction, whatever it is."""
     return toolyard.progress(value)

@@ -335,6 +335,29 @@ def test_a_fraction_outside_0_to_1_is_refused(tmp_path, fraction):
     assert "fraction must be a number from 0 to 1" in (tmp_path / "error.txt").read_text()
 
 
+LATE = "LATE: toolyard.progress() from a thread that outlived its call: the call is over"
+
+
+def test_progress_after_the_call_returned_is_an_error_and_reaches_nobody(tmp_path):
+    proc, result, reports = run_with_progress(tmp_path, "sample_tools:late_progress", {"pause": 0.2})
+    assert (proc.returncode, result, reports) == (0, True, [])
+    assert LATE in proc.stderr.decode(), proc.stderr
+
+
+def test_jsonl_progress_from_an_earlier_calls_thread_is_an_error_and_not_the_next_calls():
+    # a returns at once; its thread reports while b runs (b's own thread reports too).
+    code, lines, stderr = jsonl(
+        "sample_tools:late_progress", request("a", pause=0.1), request("b", pause=0.3, hold=0.8)
+    )
+    assert code == 0, stderr
+    assert lines[1:] == [
+        {"id": "a", "ok": True, "result": True},
+        {"id": "b", "progress": 0.5, "message": "late"},
+        {"id": "b", "ok": True, "result": True},
+    ]
+    assert stderr.count(LATE) == 1 and stderr.count("LATE: passed on") == 1, stderr
+
+
 def test_jsonl_progress_lines_carry_the_call_id_and_come_before_the_answer():
     code, lines, stderr = jsonl("sample_tools:steps", request("a", n=2, pause=0.12), request("b", n=1))
     assert code == 0, stderr

@@ -25,6 +25,12 @@ _lock = threading.Lock()
 _send: Callable[[dict[str, Any]], None] | None = None
 _file: IO[str] | None = None
 _last_sent = -math.inf
+# The call this process ran (or the jsonl worker's last call) has returned: a report now comes
+# from a thread the function left running, for a call that is over.
+_ended = False
+# Threads that were running when the jsonl worker's current call began: left over from earlier
+# calls (or the worker's own), so their reports cannot be told to belong to this call.
+_foreign: frozenset[int] = frozenset()
 
 
 def progress(fraction: float, message: str | None = None) -> bool:
@@ -47,6 +53,11 @@ def progress(fraction: float, message: str | None = None) -> bool:
         report["message"] = message[:MAX_MESSAGE_CHARS]
     global _last_sent, _file
     with _lock:
+        if _ended or threading.get_ident() in _foreign:
+            raise RuntimeError(
+                "toolyard.progress() from a thread that outlived its call: the call is over and the report "
+                "is dropped (report from the call's own thread, or from threads it starts)"
+            )
         now = time.monotonic()
         if fraction < 1 and now - _last_sent < MIN_INTERVAL_S:
             return False
@@ -68,14 +79,21 @@ def progress(fraction: float, message: str | None = None) -> bool:
 
 
 def begin_call(send: Callable[[dict[str, Any]], None]) -> None:
-    """A jsonl worker's call starts: its reports go to `send` (which adds the call's id)."""
-    global _send, _last_sent
+    """A jsonl worker's call starts: its reports go to `send` (which adds the call's id), from
+    the calling thread or threads started from now on; older threads' reports raise."""
+    global _send, _last_sent, _ended, _foreign
+    current = threading.get_ident()
+    running = frozenset(t.ident for t in threading.enumerate() if t.ident is not None and t.ident != current)
     with _lock:
-        _send, _last_sent = send, -math.inf
+        _send, _last_sent, _ended, _foreign = send, -math.inf, False, running
 
 
 def end_call() -> None:
-    """The jsonl worker's call is over: later reports (a thread left behind) are dropped."""
-    global _send
+    """The call is over (a jsonl worker's, or the one call of a fresh process): a later report,
+    from a thread left behind, raises RuntimeError and reaches nobody."""
+    global _send, _file, _ended
     with _lock:
-        _send = None
+        _send, _ended = None, True
+        if _file is not None:
+            _file.close()
+            _file = None

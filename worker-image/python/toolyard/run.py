@@ -191,6 +191,7 @@ def run_file_mode(target: str | None, usage_error: str | None = None) -> int:
     except CallFailed as e:
         return fail(EXIT_CODES[e.kind], e.message, echo=e.kind != "error")  # tracebacks are already out
     finally:
+        _progress.end_call()
         _tracing.flush()
     try:
         with open(result_path, "w", encoding="utf-8") as f:
