@@ -295,15 +295,30 @@ pub struct Pool {
     #[serde(default = "one")]
     #[schemars(range(min = 1, max = 64))]
     pub concurrency: i32,
+    /// Calls one pod keeps waiting for a free slot; beyond them a call is refused as busy at
+    /// once. Default: 8 × `concurrency`. A waiting call's time counts toward its deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 4096))]
+    pub queue: Option<i32>,
 }
 
 fn one() -> i32 {
     1
 }
 
+/// Waiting calls a pod keeps per slot when `queue` is not set.
+pub const DEFAULT_QUEUE_PER_SLOT: i32 = 8;
+
+impl Pool {
+    /// Calls one pod keeps waiting: `queue`, or [`DEFAULT_QUEUE_PER_SLOT`] × `concurrency`.
+    pub fn queue_length(&self) -> i32 {
+        self.queue.unwrap_or(DEFAULT_QUEUE_PER_SLOT * self.concurrency.max(1)).clamp(0, 4096)
+    }
+}
+
 impl Default for Pool {
     fn default() -> Self {
-        Self { replicas: 1, reuse_process: false, concurrency: 1 }
+        Self { replicas: 1, reuse_process: false, concurrency: 1, queue: None }
     }
 }
 

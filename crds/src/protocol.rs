@@ -140,6 +140,8 @@ pub mod pool {
         pub const CONCURRENCY: &str = "TOOLYARD_POOL_CONCURRENCY";
         /// `true`: one long-lived worker per slot (the McpTool's `pool.reuseProcess`).
         pub const REUSE: &str = "TOOLYARD_POOL_REUSE";
+        /// Calls that may wait for a slot (the McpTool's `pool.queue`, or its default).
+        pub const QUEUE: &str = "TOOLYARD_POOL_QUEUE";
     }
 
     /// Purpose string for deriving the key of one pool from the shared signing key.

@@ -111,6 +111,8 @@ pub enum Rejection {
     BodyTimeout,
     /// The owner's stored files reached the storage quota.
     StorageQuota,
+    /// The tool's warm pool had no free slot and a full queue.
+    PoolBusy,
     /// The server is shutting down.
     ShuttingDown,
 }
@@ -127,6 +129,7 @@ impl Rejection {
             Rejection::BodyTooLarge => "body_too_large",
             Rejection::BodyTimeout => "body_timeout",
             Rejection::StorageQuota => "storage_quota",
+            Rejection::PoolBusy => "pool_busy",
             Rejection::ShuttingDown => "shutting_down",
         }
     }

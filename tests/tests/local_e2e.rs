@@ -7,6 +7,7 @@ mod coding_support;
 mod local_support;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig};
@@ -371,6 +372,49 @@ async fn the_risk_example_computes_var_and_stress_and_returns_its_chart() {
     let unknown = local.call("historical_var", json!({"positions": {"gold": 1}})).await;
     assert_eq!(unknown.is_error, Some(true));
     assert!(text_of(&unknown).contains("unknown risk factor(s) gold; known: us_equity"), "{}", text_of(&unknown));
+}
+
+/// A warm pool keeps calls waiting for a free slot up to its queue (`pool.queue`, 1 here) and
+/// refuses the next at once as busy, counted in the metrics; a waiting call runs once the slot
+/// is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_warm_pool_queues_then_refuses_and_counts_the_refusal() {
+    let local = Arc::new(Local::start("tests/fixtures/misbehaving").await);
+    let spawn = |seconds: f64| {
+        let local = Arc::clone(&local);
+        tokio::spawn(async move {
+            let params = CallToolRequestParams::new("hang_pool")
+                .with_arguments(json!({"seconds": seconds}).as_object().expect("test setup").clone());
+            local.client.call_tool(params).await
+        })
+    };
+    // The one slot is taken once the function's child `sleep 2.9` runs.
+    let running = spawn(2.9);
+    let mut started = false;
+    for _ in 0..300 {
+        started = std::fs::read_dir("/proc")
+            .expect("/proc")
+            .flatten()
+            .any(|p| std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x002.9\x00"));
+        if started {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(started, "the first call runs");
+    // Two more: whichever comes first waits in the queue, the other is refused.
+    let (a, b) = (spawn(0.1), spawn(0.1));
+    let (a, b) = (a.await.expect("join"), b.await.expect("join"));
+    let refused: Vec<String> = [&a, &b].iter().filter_map(|r| r.as_ref().err()).map(ToString::to_string).collect();
+    assert_eq!(refused.len(), 1, "{a:?} {b:?}");
+    assert!(refused[0].contains("the tool's warm pool is at capacity"), "{refused:?}");
+    for answered in [running.await.expect("join"), if a.is_ok() { a } else { b }] {
+        let answered = answered.expect("tools/call");
+        assert_ne!(answered.is_error, Some(true), "{}", text_of(&answered));
+    }
+    let metrics = local.gateway.metrics_addr.expect("the metrics listener");
+    let text = reqwest::get(format!("http://{metrics}/metrics")).await.expect("metrics").text().await.expect("text");
+    assert!(text.contains("toolyard_gateway_admission_rejections_total{reason=\"pool_busy\"} 1"), "{text}");
 }
 
 fn call_id(result: &CallToolResult) -> String {

@@ -89,7 +89,8 @@ pub fn desired_deployment(tool: &McpTool, config: &Config) -> Result<Deployment>
     let (_, name) = namespaced_name(tool, KIND)?;
     let runtime = &tool.spec.runtime;
     let settings = tool.spec.execution.pool.clone().unwrap_or_default();
-    let Pool { replicas, reuse_process, concurrency } = settings;
+    let queue = settings.queue_length();
+    let Pool { replicas, reuse_process, concurrency, .. } = settings;
 
     let mut command = vec![
         pod::RUNNER.to_owned(),
@@ -103,6 +104,7 @@ pub fn desired_deployment(tool: &McpTool, config: &Config) -> Result<Deployment>
 
     let mut vars = vec![
         pod::env(pool::env::CONCURRENCY, concurrency.to_string()),
+        pod::env(pool::env::QUEUE, queue.to_string()),
         pod::env(pool::env::REUSE, reuse_process.to_string()),
         pod::secret_env(pool::env::KEY, &key_secret_name(&name), KEY_KEY),
     ];
@@ -261,10 +263,20 @@ mod tests {
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         let env = c.env.as_ref().unwrap();
         let names: Vec<&str> = env.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["TOOLYARD_POOL_CONCURRENCY", "TOOLYARD_POOL_REUSE", "TOOLYARD_POOL_KEY", "QUOTES_REGION"]);
+        assert_eq!(
+            names,
+            [
+                "TOOLYARD_POOL_CONCURRENCY",
+                "TOOLYARD_POOL_QUEUE",
+                "TOOLYARD_POOL_REUSE",
+                "TOOLYARD_POOL_KEY",
+                "QUOTES_REGION"
+            ]
+        );
         assert_eq!(env[0].value.as_deref(), Some("4"));
-        assert_eq!(env[1].value.as_deref(), Some("true"));
-        let key = env[2].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+        assert_eq!(env[1].value.as_deref(), Some("32"), "8 waiting calls per slot by default");
+        assert_eq!(env[2].value.as_deref(), Some("true"));
+        let key = env[3].value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
         assert_eq!((key.name.as_str(), key.key.as_str()), ("get-quote-pool-key", "key"));
         assert!(!names.contains(&"TOOLYARD_TOKEN") && !names.contains(&"TOOLYARD_GATEWAY_URL"));
         let probe = c.readiness_probe.as_ref().unwrap().http_get.as_ref().unwrap();

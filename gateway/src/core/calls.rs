@@ -312,7 +312,12 @@ impl Calls {
                 Some(CallErrorKind::Cancelled) => CallOutcome::Cancelled,
                 Some(_) => CallOutcome::ToolError,
             },
-            Err(crate::Error::Busy(_)) => CallOutcome::Busy,
+            Err(crate::Error::Busy(_)) => {
+                // Admission limits answered before the call ran; this is the executor's: the
+                // tool's warm pool was full.
+                self.metrics.admission_rejected(Rejection::PoolBusy);
+                CallOutcome::Busy
+            }
             Err(_) => CallOutcome::Error,
         };
         self.metrics.tool_call(tool.name(), counted, started.elapsed());

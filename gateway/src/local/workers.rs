@@ -22,8 +22,6 @@ use crate::executor::local::{Launch, LaunchSettings};
 
 /// Longest a worker may take to start (import the tool, report ready).
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(180);
-/// Calls of one tool that may wait for a free slot before calls are refused as busy.
-const QUEUE: usize = 4;
 /// Most slots of one tool.
 const MAX_SLOTS: usize = 64;
 
@@ -83,8 +81,9 @@ impl WarmPools {
     }
 }
 
-/// The pool of `tool` as it runs here: `replicas × concurrency` slots (the machine is the
-/// one replica), the tool's folder and environment, the gateway's own settings kept away.
+/// The pool of `tool` as it runs here: `replicas × concurrency` slots and `replicas × queue`
+/// waiting calls (the machine is every replica), the tool's folder and environment, the
+/// gateway's own settings kept away.
 pub fn pool_settings(tool: &Tool, launch: &Launch, kill_grace: Duration) -> PoolSettings {
     let spec = tool.spec.execution.pool.clone().unwrap_or_default();
     let slots = usize::try_from(spec.replicas.max(1) * spec.concurrency.max(1)).unwrap_or(1).clamp(1, MAX_SLOTS);
@@ -97,7 +96,7 @@ pub fn pool_settings(tool: &Tool, launch: &Launch, kill_grace: Duration) -> Pool
         },
         reuse: spec.reuse_process,
         concurrency: slots,
-        queue: QUEUE,
+        queue: usize::try_from(spec.replicas.max(1) * spec.queue_length()).unwrap_or(0),
         startup_timeout: STARTUP_TIMEOUT,
         kill_grace,
         log_limit: DEFAULT_LOG_LIMIT,

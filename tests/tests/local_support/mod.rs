@@ -32,7 +32,7 @@ pub async fn start_with(dir: &str, data: &TempDir, token: &str, max_calls: usize
         kill_grace: 0.5,
         allowed_hosts: Vec::new(),
         allowed_origins: Vec::new(),
-        metrics_listen: None,
+        metrics_listen: Some("127.0.0.1:0".into()),
         body_read_timeout_seconds: 30,
         log_format: LogFormat::Plain,
         models: toolyard_gateway::model::ModelArgs::default(),

@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use tokio::sync::watch;
@@ -60,7 +60,8 @@ pub struct PoolCall<'a> {
     pub id: &'a str,
     /// The arguments.
     pub arguments: &'a Map<String, Value>,
-    /// The call's deadline, counted from when it gets a slot.
+    /// The call's deadline, counted from when it reaches the pool: time spent waiting for a
+    /// slot counts toward it.
     pub timeout: Duration,
     /// W3C trace context for a fresh process.
     pub traceparent: Option<&'a str>,
@@ -202,7 +203,22 @@ impl WorkerPool {
         if self.closed.load(Ordering::Acquire) {
             return Err(Refused::Closed);
         }
-        let admitted = self.admission.admit().await.ok_or(Refused::Busy)?;
+        let arrived = Instant::now();
+        let admitted = match tokio::time::timeout(call.timeout, self.admission.admit()).await {
+            Ok(Some(admitted)) => admitted,
+            Ok(None) => return Err(Refused::Busy),
+            Err(_) => {
+                let message = format!("timed out after {}s waiting for a free slot", call.timeout.as_secs());
+                let waited = u64::try_from(arrived.elapsed().as_millis()).unwrap_or(u64::MAX);
+                return Ok(PoolOutput {
+                    result: CallResult::err(CallErrorKind::TimedOut, message, None, waited),
+                    files: Vec::new(),
+                    stdout: Captured::default(),
+                    stderr: Captured::default(),
+                });
+            }
+        };
+        let call = PoolCall { timeout: call.timeout.saturating_sub(arrived.elapsed()), ..call };
         if !self.settings.reuse {
             let spec = RunSpec {
                 command: self.settings.command.clone(),
@@ -377,5 +393,19 @@ mod tests {
         assert!(pool.call(call(&arguments)).await.is_ok(), "the slot is free again");
         pool.close();
         assert_eq!(pool.call(call(&arguments)).await.unwrap_err(), Refused::Closed);
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_slot_counts_toward_the_deadline() {
+        let pool = WorkerPool::new(PoolSettings { queue: 1, ..settings(&["/bin/sh", "-c", "exit 0"], false) });
+        let arguments = Map::new();
+        let held = pool.admission.admit().await.expect("the only slot");
+        let short = PoolCall { timeout: Duration::from_millis(200), ..call(&arguments) };
+        let output = pool.call(short).await.expect("queued, then timed out");
+        let error = output.result.error.expect("an error result");
+        assert_eq!(error.kind, CallErrorKind::TimedOut);
+        assert!(error.message.contains("waiting for a free slot"), "{}", error.message);
+        drop(held);
+        assert!(pool.call(call(&arguments)).await.is_ok(), "its place in the queue was given back");
     }
 }

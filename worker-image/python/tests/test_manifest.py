@@ -83,7 +83,7 @@ def test_job_document_shape():
 def test_pool_read_only_document_shape():
     doc = tool_document(
         "sample_tools:read_stdin",
-        Options(image=IMAGE, namespace="ns", toolset="t", mode="Pool", reuse=True, replicas=3, timeout=5,
+        Options(image=IMAGE, namespace="ns", toolset="t", mode="Pool", reuse=True, replicas=3, queue=0, timeout=5,
                 read_only=True, name="Read_Input"),
     )  # fmt: skip
     assert doc["metadata"] == {"name": "read-input", "namespace": "ns"}
@@ -92,7 +92,9 @@ def test_pool_read_only_document_shape():
     assert spec["annotations"] == {
         "readOnlyHint": True, "idempotentHint": True, "destructiveHint": False, "openWorldHint": False,
     }  # fmt: skip
-    assert spec["execution"] == {"mode": "Pool", "timeoutSeconds": 5, "pool": {"replicas": 3, "reuseProcess": True}}
+    assert spec["execution"] == {
+        "mode": "Pool", "timeoutSeconds": 5, "pool": {"replicas": 3, "reuseProcess": True, "queue": 0},
+    }  # fmt: skip
 
 
 def test_missing_docstring_falls_back_to_the_title(capsys):
@@ -146,7 +148,9 @@ def test_cli_yaml_reads_back_as_the_documents():
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["sample_tools:add", "--image", IMAGE, "--reuse"], "--reuse and --replicas need --mode Pool"),
+        (["sample_tools:add", "--image", IMAGE, "--reuse"], "--reuse, --replicas and --queue need --mode Pool"),
+        (["sample_tools:add", "--image", IMAGE, "--queue", "2"], "--reuse, --replicas and --queue need --mode Pool"),
+        (["sample_tools:add", "--image", IMAGE, "--mode", "Pool", "--queue", "5000"], "must be from 0 to 4096"),
         (["sample_tools:add", "--image", IMAGE, "--timeout", "0"], "must be a positive integer"),
         (["sample_tools:bad_type", "--image", IMAGE], "toolyard.manifest: error: sample_tools:bad_type: function"),
         (["sample_tools:add"], "the following arguments are required: --image"),

@@ -52,6 +52,7 @@ class Options:
     mode: str = "Job"
     reuse: bool = False
     replicas: int = 1
+    queue: int | None = None  # Pool only: waiting calls per pod (default: 8 per slot)
     timeout: int = 60
     read_only: bool = False
     caller_identity: bool = False
@@ -137,6 +138,8 @@ def tool_document(target: str, options: Options) -> dict[str, Any]:
     execution: dict[str, Any] = {"mode": options.mode, "timeoutSeconds": options.timeout}
     if options.mode == "Pool":
         execution["pool"] = {"replicas": options.replicas, "reuseProcess": options.reuse}
+        if options.queue is not None:
+            execution["pool"]["queue"] = options.queue
     tool["execution"] = execution
     if options.caller_identity:
         tool["callerIdentity"] = True
@@ -164,6 +167,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _queue(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 4096, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m toolyard.manifest", description=__doc__.splitlines()[0])
     p.add_argument("targets", nargs="+", metavar="module:function")
@@ -173,6 +183,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["Job", "Pool"], default="Job")
     p.add_argument("--reuse", action="store_true", help="Pool only: one worker process serves many calls")
     p.add_argument("--replicas", type=_positive, help="Pool only: warm pods (default 1)")
+    p.add_argument("--queue", type=_queue,
+                   help="Pool only: calls a pod keeps waiting for a free slot (default 8 per slot)")
     p.add_argument("--timeout", type=_positive, default=60, help="seconds per call (default 60)")
     p.add_argument("--read-only", action="store_true", help="the tools change nothing (MCP hints)")
     p.add_argument("--caller-identity", action="store_true",
@@ -185,11 +197,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.mode != "Pool" and (args.reuse or args.replicas is not None):
-        parser.error("--reuse and --replicas need --mode Pool")
+    if args.mode != "Pool" and (args.reuse or args.replicas is not None or args.queue is not None):
+        parser.error("--reuse, --replicas and --queue need --mode Pool")
     options = Options(
         image=args.image, namespace=args.namespace, toolset=args.toolset, mode=args.mode,
-        reuse=args.reuse, replicas=args.replicas or 1, timeout=args.timeout,
+        reuse=args.reuse, replicas=args.replicas or 1, queue=args.queue, timeout=args.timeout,
         read_only=args.read_only, name=args.name, caller_identity=args.caller_identity,
     )  # fmt: skip
     try:

@@ -26,6 +26,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use clap::Args;
 use serde_json::json;
+use toolyard_api::mcptool::DEFAULT_QUEUE_PER_SLOT;
 use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
 use toolyard_process::pool::{PoolCall, PoolSettings, Readiness, Refused, WorkerPool};
 use toolyard_process::progress::ProgressLog;
@@ -53,9 +54,10 @@ pub struct ServeArgs {
     /// Calls run at once.
     #[arg(long, env = pool::env::CONCURRENCY, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub concurrency: u16,
-    /// Calls that may wait for a slot before the server answers 503.
-    #[arg(long, env = "TOOLYARD_POOL_QUEUE", default_value_t = 4)]
-    pub queue: u16,
+    /// Calls that may wait for a slot before the server answers 503 (default: 8 per slot). A
+    /// waiting call's time counts toward its deadline.
+    #[arg(long, env = pool::env::QUEUE, value_parser = clap::value_parser!(u16).range(0..=4096))]
+    pub queue: Option<u16>,
     /// Keep one long-lived worker process per slot (JSON lines) instead of a fresh process per call.
     #[arg(long, env = pool::env::REUSE, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub reuse: bool,
@@ -93,7 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         command: ToolCommand::new(args.command),
         reuse: args.reuse,
         concurrency: slots,
-        queue: usize::from(args.queue),
+        queue: args.queue.map_or(slots * DEFAULT_QUEUE_PER_SLOT.unsigned_abs() as usize, usize::from),
         startup_timeout: Duration::from_secs(args.startup_timeout),
         kill_grace,
         log_limit: args.log_limit,
