@@ -205,7 +205,9 @@ fn write_manifests(dir: &Path, slots: usize) {
     let mut pool = job.clone();
     pool["metadata"]["name"] = json!("price-option-pool");
     pool["spec"]["name"] = json!("price_option_pool");
-    pool["spec"]["execution"] = json!({"mode": "Pool", "timeoutSeconds": 30, "pool": {"replicas": 1, "reuseProcess": true, "concurrency": slots}});
+    // The queue holds every client of the largest cell (the default, 8 per slot, holds 16).
+    let pool_settings = json!({"replicas": 1, "reuseProcess": true, "concurrency": slots, "queue": 64});
+    pool["spec"]["execution"] = json!({"mode": "Pool", "timeoutSeconds": 30, "pool": pool_settings});
     let yaml = format!("{job}\n---\n{pool}\n");
     std::fs::write(dir.join("tools.yaml"), yaml).expect("write manifests");
 }

@@ -340,6 +340,21 @@ async fn both_protocol_revisions_list_and_call() {
         assert_eq!(Gateway::listed(&client).await, ["echo"], "{version:?}");
         let r = client.call_tool(call("echo", json!({"x": 7}))).await.expect("call");
         assert_eq!(r.structured_content, Some(json!({"echo": {"x": 7}})), "{version:?}");
+        // Change notifications are advertised only to the revision that can receive them
+        // (subscriptions/listen): a 2025-11-25 client has no stream on a sessionless gateway.
+        let modern = version == ProtocolVersion::V_2026_07_28;
+        let capabilities = client.peer_info().map(|i| i.capabilities.clone()).expect("server info");
+        assert_eq!(capabilities.tools.and_then(|t| t.list_changed), modern.then_some(true), "{version:?}");
+        assert_eq!(capabilities.resources.and_then(|r| r.subscribe), modern.then_some(true), "{version:?}");
+        // An unknown resource names its URI in `data`: -32602 from 2026-07-28 (SEP-2164).
+        let uri = "toolyard://tasks/task-000000000000/result";
+        match client.read_resource(rmcp::model::ReadResourceRequestParams::new(uri)).await {
+            Err(rmcp::ServiceError::McpError(e)) => {
+                let code = if modern { -32602 } else { -32002 };
+                assert_eq!((e.code.0, e.data), (code, Some(json!({"uri": uri}))), "{version:?}");
+            }
+            other => panic!("{version:?}: {other:?}"),
+        }
         client.cancel().await.ok();
     }
 }

@@ -290,8 +290,10 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         allowed_hosts,
         allowed_origins: crate::serve::allowed_origins(&args.allowed_origins),
         metrics_on_public: false,
+        // One token, one user: the per-user call limit is the gateway's own.
         limits: crate::limits::LimitSettings {
             storage_quota_bytes: args.data.storage_quota_bytes,
+            max_calls_per_user: crate::limits::LimitSettings::default().max_calls,
             ..crate::limits::LimitSettings::default()
         },
         ..Settings::default()

@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
-    Implementation, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig,
-    SubscriptionFilter, Tool as McpTool,
+    Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult, ListResourcesResult,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool as McpTool,
 };
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{Peer, RequestContext, SubscriptionContext};
@@ -648,6 +648,28 @@ impl ServerHandler for McpHandler {
         Cow::Borrowed(SUPPORTED_PROTOCOL_VERSIONS)
     }
 
+    /// A 2025-11-25 (or older) client is told only what it can get: this gateway keeps no
+    /// session, so such a client has no stream to receive `notifications/tools/list_changed`
+    /// or resource updates on; 2026-07-28 clients get them through `subscriptions/listen`.
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        if result.protocol_version != ProtocolVersion::V_2026_07_28 {
+            if let Some(tools) = result.capabilities.tools.as_mut() {
+                tools.list_changed = None;
+            }
+            if let Some(resources) = result.capabilities.resources.as_mut() {
+                resources.subscribe = None;
+                resources.list_changed = None;
+            }
+        }
+        Ok(result)
+    }
+
     fn get_info(&self) -> ServerConfig {
         let capabilities = if self.state.tasks.is_some() {
             ServerCapabilities::builder()
@@ -711,8 +733,16 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let who = Self::identity(&context)?;
-        let result = resources::read(&self.state, who, &request.uri).await;
+        let mut result = resources::read(&self.state, who, &request.uri).await;
         self.count("resources/read", result.is_ok());
+        // SEP-2164: from 2026-07-28 an unknown resource is invalid params (the URI in `data`);
+        // older revisions keep -32002.
+        if let Err(e) = result.as_mut()
+            && e.code == rmcp::model::ErrorCode::RESOURCE_NOT_FOUND
+            && context.protocol_version() == Some(ProtocolVersion::V_2026_07_28)
+        {
+            e.code = rmcp::model::ErrorCode::INVALID_PARAMS;
+        }
         result.map(Into::into)
     }
 

@@ -132,9 +132,11 @@ fn internal(e: &crate::Error) -> ErrorData {
     super::errors::from_error(e, 1)
 }
 
+/// An unknown (or another user's) resource: -32002 with the URI in `data` (the MCP handler
+/// turns the code into -32602 for 2026-07-28 clients, SEP-2164).
 fn not_found(uri: &str) -> ErrorData {
     let shown: String = uri.chars().take(200).collect();
-    ErrorData::resource_not_found(format!("no such resource: {shown:?}"), None)
+    ErrorData::resource_not_found(format!("no such resource: {shown:?}"), Some(serde_json::json!({"uri": shown})))
 }
 
 /// `resources/list`: the caller's task results, newest first.
