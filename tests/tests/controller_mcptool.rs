@@ -95,6 +95,7 @@ async fn pool_tool_gets_a_hardened_pool_and_is_ready_when_a_replica_is_available
         env,
         [
             ("TOOLYARD_POOL_CONCURRENCY", Some("3")),
+            ("TOOLYARD_POOL_QUEUE", Some("24")),
             ("TOOLYARD_POOL_REUSE", Some("true")),
             ("TOOLYARD_POOL_KEY", None),
             ("REGION", Some("eu"))
