@@ -22,6 +22,8 @@
 //! Before measuring it compiles the bundled `toolyard` package and the example to bytecode, as
 //! `pip install` and the container image do (with `PYTHONDONTWRITEBYTECODE` set, as on some
 //! machines, each fresh process would otherwise compile them again).
+//! Each server cell also reports the CPU time per answered call of the server process and of
+//! every process below it (warm workers; a Job call's runner and Python), from `/proc`.
 //! The load generator is this program (`support/loadgen.rs`, as in the `gateway_mcp` bench):
 //! one thread per client with a blocking keep-alive HTTP/1.1 connection, each sending its next
 //! stateless MCP `tools/call` when the previous answer is complete.
@@ -51,14 +53,52 @@ struct Target {
     url: String,
     token: Option<String>,
     tool: &'static str,
+    /// The server's process, whose CPU time (and its children's) is measured per cell.
+    pid: Option<u32>,
 }
 
 /// A measured cell.
+#[derive(Default)]
 struct Cell {
     calls_per_second: f64,
     p50_ms: f64,
     p99_ms: f64,
     errors: u64,
+    /// CPU time per answered call, in µs: the server process itself, and every process below
+    /// it (the warm workers, a Job call's runner and Python).
+    server_cpu_us: f64,
+    children_cpu_us: f64,
+}
+
+/// CPU time (user + system) in ms of `pid` itself, and of every process below it: children it
+/// has reaped, and live ones with everything below them.
+fn tree_cpu_ms(pid: u32) -> (f64, f64) {
+    let ticks = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    // Fields after the command's closing parenthesis: state, ppid, ..., utime, stime,
+    // cutime, cstime (the 12th to 15th).
+    let stat = |pid: u32| -> Option<(u32, f64, f64)> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+        let n = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+        Some((fields.get(1)?.parse().ok()?, (n(11) + n(12)) * 1000.0 / ticks, (n(13) + n(14)) * 1000.0 / ticks))
+    };
+    let processes: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|p| stat(p).map(|(ppid, _, _)| (p, ppid)))
+        .collect();
+    fn below(pid: u32, processes: &[(u32, u32)], stat: &dyn Fn(u32) -> Option<(u32, f64, f64)>) -> f64 {
+        let reaped = stat(pid).map_or(0.0, |(_, _, children)| children);
+        let live: f64 = processes
+            .iter()
+            .filter(|(_, ppid)| *ppid == pid)
+            .map(|(child, _)| stat(*child).map_or(0.0, |(_, own, _)| own) + below(*child, processes, stat))
+            .sum();
+        reaped + live
+    }
+    let own = stat(pid).map_or(0.0, |(_, own, _)| own);
+    (own, below(pid, &processes, &stat))
 }
 
 struct Killed(Child);
@@ -80,7 +120,14 @@ fn summarize(mut latencies: Vec<Duration>, elapsed: f64, errors: u64) -> Cell {
         let i = ((latencies.len() as f64 - 1.0) * q).round() as usize;
         latencies[i].as_secs_f64() * 1000.0
     };
-    Cell { calls_per_second: latencies.len() as f64 / elapsed, p50_ms: pick(0.5), p99_ms: pick(0.99), errors }
+    Cell {
+        calls_per_second: latencies.len() as f64 / elapsed,
+        p50_ms: pick(0.5),
+        p99_ms: pick(0.99),
+        errors,
+        server_cpu_us: f64::NAN,
+        children_cpu_us: f64::NAN,
+    }
 }
 
 impl Target {
@@ -110,14 +157,25 @@ fn priced(answer: &loadgen::Answer) -> bool {
 }
 
 async fn run_cell(target: &Arc<Target>, clients: usize, seconds: f64) -> Cell {
-    let (endpoint, tool) = (target.endpoint(), target.tool);
+    let (endpoint, tool, pid) = (target.endpoint(), target.tool, target.pid);
     tokio::task::spawn_blocking(move || {
+        let before = pid.map(tree_cpu_ms);
         let measured = loadgen::run(&endpoint, clients, seconds, move |id| call_body(tool, id), priced);
+        let after = pid.map(tree_cpu_ms);
+        let calls = measured.latencies.len().max(1) as f64;
+        let (server_cpu_us, children_cpu_us) = match (before, after) {
+            (Some((own0, below0)), Some((own1, below1))) => {
+                ((own1 - own0) * 1000.0 / calls, (below1 - below0).max(0.0) * 1000.0 / calls)
+            }
+            _ => (f64::NAN, f64::NAN),
+        };
         Cell {
             calls_per_second: measured.per_second(),
             p50_ms: measured.quantile_ms(0.5),
             p99_ms: measured.quantile_ms(0.99),
             errors: measured.errors,
+            server_cpu_us,
+            children_cpu_us,
         }
     })
     .await
@@ -270,7 +328,10 @@ async fn wait_ready(target: &Target) {
 }
 
 fn row(name: &str, clients: usize, c: &Cell) {
-    println!("| {name} | {clients} | {:.1} | {:.2} | {:.2} | {} |", c.calls_per_second, c.p50_ms, c.p99_ms, c.errors);
+    println!(
+        "| {name} | {clients} | {:.1} | {:.2} | {:.2} | {} | {:.0} | {:.0} |",
+        c.calls_per_second, c.p50_ms, c.p99_ms, c.errors, c.server_cpu_us, c.children_cpu_us
+    );
 }
 
 fn main() {
@@ -298,26 +359,29 @@ async fn run() {
     if let Some(baseline) = std::env::var_os("TOOLYARD_BENCH_BASELINE_BIN_DIR") {
         return compare_builds(&PathBuf::from(baseline), &tools, &data, &python, &clients, seconds).await;
     }
-    let (_gateway, gateway_url) =
+    let (gateway, gateway_url) =
         start_gateway(&local::binary("toolyard-gateway"), &local::binary("toolyard-runner"), &tools, &data, &python);
-    let (_sdk, sdk_url) = start_sdk_server();
+    let (sdk_server, sdk_url) = start_sdk_server();
     let pool = Arc::new(Target {
         name: "toolyard local, Pool + reuse".into(),
         url: gateway_url.clone(),
         token: Some(TOKEN.into()),
         tool: "price_option_pool",
+        pid: Some(gateway.0.id()),
     });
     let job = Arc::new(Target {
         name: "toolyard local, Job (fresh process)".into(),
         url: gateway_url,
         token: Some(TOKEN.into()),
         tool: "price_option",
+        pid: Some(gateway.0.id()),
     });
     let sdk = Arc::new(Target {
         name: "Python SDK server (in-process)".into(),
         url: sdk_url,
         token: None,
         tool: "price_option",
+        pid: Some(sdk_server.0.id()),
     });
     for target in [&pool, &job, &sdk] {
         wait_ready(target).await;
@@ -334,8 +398,8 @@ async fn run() {
         python.display()
     );
     println!();
-    println!("| target | clients | calls/s | p50 ms | p99 ms | errors |");
-    println!("|---|---|---|---|---|---|");
+    println!("| target | clients | calls/s | p50 ms | p99 ms | errors | server CPU µs/call | below it µs/call |");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut results = Vec::new();
     for &n in &clients {
         let cells = [
@@ -360,9 +424,14 @@ async fn run() {
     println!();
     for (n, [pool, job, sdk, pass, priced]) in &results {
         println!(
-            "clients {n}: Pool+reuse / SDK server calls/s = {:.2}x (target >= 3x); Job p50 / bare price_option p50 = \
-             {:.2}x (target <= 1.2x); Job p50 / bare `-c pass` p50 = {:.2}x",
+            "clients {n}: Pool+reuse / SDK server calls/s = {:.2}x (target >= 5x); SDK server / Pool+reuse CPU per \
+             call = {:.2}x (target >= 5x; gateway {:.0} + workers {:.0} µs against {:.0} µs); Job p50 / bare \
+             price_option p50 = {:.2}x (target <= 1.2x); Job p50 / bare `-c pass` p50 = {:.2}x",
             pool.calls_per_second / sdk.calls_per_second,
+            (sdk.server_cpu_us + sdk.children_cpu_us) / (pool.server_cpu_us + pool.children_cpu_us),
+            pool.server_cpu_us,
+            pool.children_cpu_us,
+            sdk.server_cpu_us + sdk.children_cpu_us,
             job.p50_ms / priced.p50_ms,
             job.p50_ms / pass.p50_ms,
         );
@@ -374,14 +443,14 @@ async fn run() {
 /// (three rounds per client count) so that the host's load hits both alike: Pool calls (a warm
 /// worker) and Job calls (a fresh runner and Python process each).
 async fn compare_builds(baseline: &Path, tools: &Path, data: &Path, python: &Path, clients: &[usize], seconds: f64) {
-    let (_base, base_url) = start_gateway(
+    let (base_gateway, base_url) = start_gateway(
         &baseline.join("toolyard-gateway"),
         &baseline.join("toolyard-runner"),
         tools,
         &data.join("baseline"),
         python,
     );
-    let (_this, this_url) = start_gateway(
+    let (this_gateway, this_url) = start_gateway(
         &local::binary("toolyard-gateway"),
         &local::binary("toolyard-runner"),
         tools,
@@ -389,18 +458,21 @@ async fn compare_builds(baseline: &Path, tools: &Path, data: &Path, python: &Pat
         python,
     );
     for (mode, tool) in [("Pool + reuse", "price_option_pool"), ("Job", "price_option")] {
-        let target =
-            |name: String, url: &str| Arc::new(Target { name, url: url.to_owned(), token: Some(TOKEN.into()), tool });
-        let (base, this) =
-            (target(format!("baseline build, {mode}"), &base_url), target(format!("this build, {mode}"), &this_url));
+        let target = |name: String, url: &str, gateway: &Killed| {
+            Arc::new(Target { name, url: url.to_owned(), token: Some(TOKEN.into()), tool, pid: Some(gateway.0.id()) })
+        };
+        let (base, this) = (
+            target(format!("baseline build, {mode}"), &base_url, &base_gateway),
+            target(format!("this build, {mode}"), &this_url, &this_gateway),
+        );
         for t in [&base, &this] {
             wait_ready(t).await;
             run_cell(t, 2, 1.0).await;
         }
         println!("# Local mode, {mode}: this build against {} ({seconds} s per cell)", baseline.display());
         println!();
-        println!("| target | clients | calls/s | p50 ms | p99 ms | errors |");
-        println!("|---|---|---|---|---|---|");
+        println!("| target | clients | calls/s | p50 ms | p99 ms | errors | server CPU µs/call | below it µs/call |");
+        println!("|---|---|---|---|---|---|---|---|");
         for &n in clients {
             let (mut sum_base, mut sum_this) = (0.0, 0.0);
             let (mut p50_base, mut p50_this) = (Vec::new(), Vec::new());

@@ -3,14 +3,20 @@
 //! how much is used and how to free it.
 //!
 //! The usage is measured by listing the owner's files in the store, so every replica sees the
-//! same figure; a replica keeps it for [`USAGE_TTL`] and measures again after that, or at once
-//! after the owner deleted something through it. One call or task admitted just below the
-//! quota may still store its own files (each is capped on its own: result, logs, artifacts).
+//! same figure. Listing costs as much as the owner has stored (a request per 1,000 objects on
+//! S3), so it stays off the call path: a check uses the last figure, and one older than
+//! [`USAGE_TTL`] starts a measurement in the background that the checks after it will use.
+//! Only an owner's first check (or the first after they deleted something through this
+//! replica) waits for a measurement, and concurrent checks share one. One call or task
+//! admitted just below the quota may still store its own files (each is capped on its own:
+//! result, logs, artifacts).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use toolyard_api::OwnerKey;
 
 use crate::store::ArtifactStore;
@@ -21,11 +27,28 @@ pub const USAGE_TTL: Duration = Duration::from_secs(30);
 /// The top-level folders of an owner's files.
 const FOLDERS: [&str; 2] = ["calls/", "tasks/"];
 
+/// A measurement in flight, shared by whoever waits for it.
+type Measuring = Shared<BoxFuture<'static, Result<u64, String>>>;
+
+/// What is known of one owner's usage.
+#[derive(Default)]
+struct Usage {
+    /// The last figure and when it was measured.
+    measured: Option<(u64, Instant)>,
+    /// The measurement running now, if any.
+    measuring: Option<Measuring>,
+    /// Bumped by a deletion: a measurement started before it records nothing.
+    epoch: u64,
+}
+
+type Usages = Arc<Mutex<HashMap<String, Usage>>>;
+
 /// Per-owner storage quota over one store.
 pub struct StorageQuota {
     store: Arc<dyn ArtifactStore>,
     limit: u64,
-    measured: Mutex<HashMap<String, (u64, Instant)>>,
+    ttl: Duration,
+    usages: Usages,
 }
 
 impl std::fmt::Debug for StorageQuota {
@@ -37,7 +60,13 @@ impl std::fmt::Debug for StorageQuota {
 impl StorageQuota {
     /// A quota of `limit` bytes per owner on `store`; 0: no quota.
     pub fn new(store: Arc<dyn ArtifactStore>, limit: u64) -> Self {
-        Self { store, limit, measured: Mutex::default() }
+        Self { store, limit, ttl: USAGE_TTL, usages: Arc::default() }
+    }
+
+    /// The same quota with figures kept for `ttl` instead of [`USAGE_TTL`].
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
     }
 
     /// `Ok(Some(message))` when `owner` has reached the quota (the message says what to do),
@@ -60,26 +89,76 @@ impl StorageQuota {
 
     /// Forgets the measured usage of `owner` (after a deletion), so the next check measures.
     pub fn forget(&self, owner: &OwnerKey) {
-        self.lock().remove(owner.as_str());
+        if let Some(usage) = lock(&self.usages).get_mut(owner.as_str()) {
+            *usage = Usage { epoch: usage.epoch + 1, ..Usage::default() };
+        }
     }
 
+    /// The owner's usage: the last figure (measuring again in the background once it is older
+    /// than the TTL), or, with none yet, the figure of a measurement shared with concurrent
+    /// checks.
     async fn usage(&self, owner: &OwnerKey) -> crate::Result<u64> {
-        if let Some((bytes, at)) = self.lock().get(owner.as_str())
-            && at.elapsed() < USAGE_TTL
-        {
-            return Ok(*bytes);
-        }
-        let mut bytes = 0u64;
-        for folder in FOLDERS {
-            bytes = self.store.list(owner, folder).await?.iter().fold(bytes, |sum, o| sum.saturating_add(o.size));
-        }
-        self.lock().insert(owner.as_str().to_owned(), (bytes, Instant::now()));
-        Ok(bytes)
+        let measuring = {
+            let mut usages = lock(&self.usages);
+            let usage = usages.entry(owner.as_str().to_owned()).or_default();
+            match usage.measured {
+                Some((bytes, at)) if at.elapsed() < self.ttl => return Ok(bytes),
+                Some((bytes, _)) => {
+                    if usage.measuring.is_none() {
+                        let measuring = self.measure(owner, usage.epoch);
+                        usage.measuring = Some(measuring.clone());
+                        tokio::spawn(measuring);
+                    }
+                    return Ok(bytes);
+                }
+                None => {
+                    let epoch = usage.epoch;
+                    usage.measuring.get_or_insert_with(|| self.measure(owner, epoch)).clone()
+                }
+            }
+        };
+        measuring.await.map_err(crate::Error::Unavailable)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Instant)>> {
-        self.measured.lock().unwrap_or_else(|e| e.into_inner())
+    /// A measurement of `owner`'s usage that records its figure when it ends, unless the owner
+    /// deleted something since `epoch`.
+    fn measure(&self, owner: &OwnerKey, epoch: u64) -> Measuring {
+        let (store, usages, owner) = (Arc::clone(&self.store), Arc::clone(&self.usages), owner.clone());
+        async move {
+            let mut total = Ok(0u64);
+            for folder in FOLDERS {
+                total = match (total, store.list(&owner, folder).await) {
+                    (Ok(sum), Ok(files)) => Ok(files.iter().fold(sum, |sum, o| sum.saturating_add(o.size))),
+                    (_, Err(e)) => Err(e),
+                    (Err(e), _) => Err(e),
+                };
+            }
+            let mut usages = lock(&usages);
+            let usage = usages.entry(owner.as_str().to_owned()).or_default();
+            let current = usage.epoch == epoch;
+            if current {
+                usage.measuring = None;
+            }
+            match total {
+                Ok(bytes) => {
+                    if current {
+                        usage.measured = Some((bytes, Instant::now()));
+                    }
+                    Ok(bytes)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "measuring an owner's storage failed");
+                    Err(e.public_message())
+                }
+            }
+        }
+        .boxed()
+        .shared()
     }
+}
+
+fn lock(usages: &Usages) -> std::sync::MutexGuard<'_, HashMap<String, Usage>> {
+    usages.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `1.5 GiB`, `12.0 MiB`, `512 bytes`.
@@ -99,7 +178,95 @@ pub fn human_bytes(n: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bytes::Bytes;
+
     use super::*;
+    use crate::store::{Chunk, ObjectInfo, fs::FsStore};
+
+    /// A folder store that counts its listings and holds each one until told to go on.
+    struct Counting {
+        inner: FsStore,
+        lists: AtomicUsize,
+        gate: tokio::sync::Semaphore,
+    }
+
+    #[async_trait::async_trait]
+    impl ArtifactStore for Counting {
+        async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> crate::Result<()> {
+            self.inner.put(owner, path, bytes).await
+        }
+        async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> crate::Result<bool> {
+            self.inner.create(owner, path, bytes).await
+        }
+        async fn get(&self, owner: &OwnerKey, path: &str) -> crate::Result<Option<Bytes>> {
+            self.inner.get(owner, path).await
+        }
+        async fn get_range(&self, owner: &OwnerKey, path: &str, offset: u64, len: u64) -> crate::Result<Option<Chunk>> {
+            self.inner.get_range(owner, path, offset, len).await
+        }
+        async fn list(&self, owner: &OwnerKey, folder: &str) -> crate::Result<Vec<ObjectInfo>> {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+            self.gate.acquire().await.expect("open").forget();
+            self.inner.list(owner, folder).await
+        }
+        async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> crate::Result<usize> {
+            self.inner.delete_folder(owner, folder).await
+        }
+        async fn expire(&self, before: jiff::Timestamp) -> crate::Result<usize> {
+            self.inner.expire(before).await
+        }
+        async fn health(&self) -> crate::Result<()> {
+            self.inner.health().await
+        }
+    }
+
+    #[tokio::test]
+    async fn checks_share_one_measurement_and_a_stale_figure_is_used_while_it_is_measured_again() {
+        let dir = std::env::temp_dir().join(format!("toolyard-quota-{}", std::process::id()));
+        let store = Arc::new(Counting {
+            inner: FsStore::new(&dir).unwrap(),
+            lists: AtomicUsize::new(0),
+            gate: tokio::sync::Semaphore::new(0),
+        });
+        let owner = OwnerKey::derive("local", "dev");
+        store.put(&owner, "calls/c1/result.json", Bytes::from_static(&[b'x'; 100])).await.unwrap();
+        let quota = Arc::new(StorageQuota::new(store.clone(), 150).with_ttl(Duration::from_millis(50)));
+
+        // The first checks wait for one measurement (two listings: calls/ and tasks/).
+        let waiting: Vec<_> = (0..8)
+            .map(|_| {
+                let (quota, owner) = (quota.clone(), owner.clone());
+                tokio::spawn(async move { quota.check(&owner).await.unwrap() })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        store.gate.add_permits(2);
+        for w in waiting {
+            assert_eq!(w.await.unwrap(), None, "100 of 150 bytes");
+        }
+        assert_eq!(store.lists.load(Ordering::SeqCst), 2, "one measurement for eight checks");
+
+        // Past the TTL, checks answer at once from the last figure; one measurement runs.
+        store.put(&owner, "calls/c2/result.json", Bytes::from_static(&[b'y'; 100])).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        for _ in 0..8 {
+            assert_eq!(quota.check(&owner).await.unwrap(), None, "the stale figure, without waiting");
+        }
+        store.gate.add_permits(2);
+        let mut reached = None;
+        for _ in 0..100 {
+            reached = quota.check(&owner).await.unwrap();
+            if reached.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(reached.is_some_and(|m| m.contains("200 bytes of your 150 bytes")), "the new figure is used");
+        assert_eq!(store.lists.load(Ordering::SeqCst), 4, "one more measurement");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn sizes_read_as_people_write_them() {
