@@ -31,7 +31,22 @@ fn token_for(key: &SigningKey, kind: RunKind, id: &str) -> String {
 struct Pool {
     base: String,
     http: reqwest::Client,
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
+}
+
+impl Drop for Pool {
+    /// SIGTERM, as a pod is stopped: the server closes its pool, and its workers' folders go.
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
+        }
+        for _ in 0..100 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }
 
 impl Pool {
@@ -54,7 +69,7 @@ impl Pool {
             .expect("test setup")
             .expect("test setup");
         let addr = line.strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Self { base: format!("http://{addr}"), http: reqwest::Client::new(), _child: child }
+        Self { base: format!("http://{addr}"), http: reqwest::Client::new(), child }
     }
 
     async fn post(&self, token: Option<&str>, body: &Value) -> (StatusCode, reqwest::header::HeaderMap, String) {

@@ -31,6 +31,10 @@ pub struct Worker {
     stderr: Capture,
     /// The task reading stderr; awaited (bounded) once the process died, for its last line.
     stderr_drained: Option<tokio::task::JoinHandle<()>>,
+    /// The worker's private folder; each call's output folder is a numbered path in it, made
+    /// by the `toolyard` package only when the call returns a file.
+    outputs: TempDir,
+    calls: u64,
 }
 
 /// One request line of the jsonl protocol.
@@ -87,6 +91,8 @@ impl Worker {
             .env_remove(env::OUTPUT_DIR)
             .env_remove(env::TRACEPARENT);
         let program = tool.program();
+        let outputs =
+            TempDir::new("toolyard-outputs").map_err(|e| format!("cannot create the worker's output folder: {e}"))?;
         let mut child = command.spawn().map_err(|e| format!("cannot start the worker command {program:?}: {e}"))?;
         let group = ProcessGroup::new(child.id());
         let (Some(stdin), Some(stdout), Some(stderr_pipe)) =
@@ -99,7 +105,8 @@ impl Worker {
             let stderr = stderr.clone();
             async move { stderr.drain(stderr_pipe).await }
         }));
-        let mut worker = Self { child, group, stdin, stdout: BufReader::new(stdout), stderr, stderr_drained };
+        let mut worker =
+            Self { child, group, stdin, stdout: BufReader::new(stdout), stderr, stderr_drained, outputs, calls: 0 };
 
         let line = tokio::time::timeout(startup_timeout, worker.read_line()).await;
         let failure = match line {
@@ -137,15 +144,11 @@ impl Worker {
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.stderr.take();
-        let folder = match TempDir::new("toolyard-outputs").and_then(|d| outputs::prepare(d.path()).map(|()| d)) {
-            Ok(folder) => folder,
-            Err(e) => {
-                let message = format!("cannot create the call's output folder: {e}");
-                let result = CallResult::err(CallErrorKind::SpawnFailed, message, None, ms());
-                return WorkerCall { result, files: Vec::new(), stderr: self.stderr.take(), reusable: true };
-            }
-        };
-        let output_dir = folder.path();
+        // Not created here: most calls return no file, and a folder made and removed per call
+        // cost more than the rest of the call's file work.
+        self.calls += 1;
+        let output_dir = self.outputs.path().join(self.calls.to_string());
+        let output_dir = output_dir.as_path();
         let exchange = async {
             let request = Request { id, arguments, traceparent, caller, output_dir };
             let mut line = serde_json::to_vec(&request).map_err(|e| e.to_string())?;
@@ -196,6 +199,7 @@ impl Worker {
         // Give the stderr reader a moment to catch what was printed just before the answer.
         tokio::task::yield_now().await;
         let files = outputs::finish(&mut result, output_dir);
+        let _ = std::fs::remove_dir_all(output_dir);
         WorkerCall { result, files, stderr: self.stderr.take(), reusable }
     }
 
