@@ -125,14 +125,14 @@ impl StorageQuota {
     fn measure(&self, owner: &OwnerKey, epoch: u64) -> Measuring {
         let (store, usages, owner) = (Arc::clone(&self.store), Arc::clone(&self.usages), owner.clone());
         async move {
-            let mut total = Ok(0u64);
-            for folder in FOLDERS {
-                total = match (total, store.list(&owner, folder).await) {
-                    (Ok(sum), Ok(files)) => Ok(files.iter().fold(sum, |sum, o| sum.saturating_add(o.size))),
-                    (_, Err(e)) => Err(e),
-                    (Err(e), _) => Err(e),
-                };
+            let total: crate::Result<u64> = async {
+                let mut sum = 0u64;
+                for folder in FOLDERS {
+                    sum = store.list(&owner, folder).await?.iter().fold(sum, |sum, o| sum.saturating_add(o.size));
+                }
+                Ok(sum)
             }
+            .await;
             let mut usages = lock(&usages);
             let usage = usages.entry(owner.as_str().to_owned()).or_default();
             let current = usage.epoch == epoch;

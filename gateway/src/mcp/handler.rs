@@ -54,8 +54,8 @@ fn task_request_id(id: &impl std::fmt::Display) -> Value {
 enum Detached {
     /// Running where it outlives this replica.
     Started(RunId),
-    /// Ended before that (a warm-pool call), or refused: its answer.
-    Answered(CallToolResult),
+    /// Ended before that (a warm-pool call: its id), or refused (no id): its answer.
+    Answered(Option<RunId>, CallToolResult),
 }
 
 /// Where a call stands ([`McpHandler::call_progress`]).
@@ -390,7 +390,7 @@ impl McpHandler {
                     .with_status_message("the call is running");
                 Ok(CallToolResponse::Task(CreateTaskResult::new(handle)))
             }
-            Detached::Answered(answer) => Ok(answer.into()),
+            Detached::Answered(_, answer) => Ok(answer.into()),
         }
     }
 
@@ -432,8 +432,11 @@ impl McpHandler {
         tokio::select! {
             Ok(()) = started => Ok(Detached::Started(id)),
             joined = &mut run => match joined {
-                Ok(Ok(called)) => Ok(Detached::Answered(self.answer(&owner_key, called.id, called.result).await)),
-                Ok(Err(e)) => self.refused(e).map(Detached::Answered),
+                Ok(Ok(called)) => {
+                    let answer = self.answer(&owner_key, called.id.clone(), called.result).await;
+                    Ok(Detached::Answered(Some(called.id), answer))
+                }
+                Ok(Err(e)) => self.refused(e).map(|answer| Detached::Answered(None, answer)),
                 Err(e) => Err(ErrorData::internal_error(format!("the call failed: {e}"), None)),
             },
         }
@@ -516,14 +519,11 @@ impl McpHandler {
         let tool_arguments = arguments.get("arguments").and_then(Value::as_object).cloned().unwrap_or_default();
         match self.start_detached(tool, tool_arguments, &info).await? {
             Detached::Started(id) => Ok(call_state_result(&id, &CallProgress::Running, false)),
-            Detached::Answered(answer) => match answer.meta.as_ref().and_then(|m| m.0.get(CALL_ID_META)) {
-                Some(Value::String(id)) => {
-                    let id = RunId::parse(id).map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-                    Ok(call_state_result(&id, &CallProgress::Completed(Box::new(answer)), false))
-                }
-                // Refused before it ran: the refusal itself.
-                _ => Ok(answer),
-            },
+            Detached::Answered(Some(id), answer) => {
+                Ok(call_state_result(&id, &CallProgress::Completed(Box::new(answer)), false))
+            }
+            // Refused before it ran: the refusal itself.
+            Detached::Answered(None, answer) => Ok(answer),
         }
     }
 
