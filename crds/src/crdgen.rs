@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{CodingTask, McpTool, ToolCall};
+use crate::{CodingTask, McpServer, McpTool, ToolCall};
 
 /// The Helm chart's copy of the CRDs, relative to the `crds/` crate directory.
 pub const CHART_CRDS_DIR: &str = "../charts/toolyard/crds";
@@ -13,6 +13,7 @@ pub const CHART_CRDS_DIR: &str = "../charts/toolyard/crds";
 pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("mcptools.yaml", McpTool::crd()),
+        ("mcpservers.yaml", McpServer::crd()),
         ("toolcalls.yaml", ToolCall::crd()),
         ("codingtasks.yaml", CodingTask::crd()),
     ]

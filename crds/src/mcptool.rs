@@ -125,7 +125,7 @@ pub struct ToolAnnotations {
 }
 
 /// The container (or, in embedded mode, the local command) that runs a call.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Runtime {
     /// Container image of the tool. Any image works: the runner is added by an init container.

@@ -270,12 +270,17 @@ pub struct CallResult {
     /// The files the call returned (see [`outputs`]), stored under `calls/<id>/outputs/`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<outputs::OutputFile>,
+    /// The MCP `CallToolResult` as an upstream MCP server answered it (content blocks,
+    /// `structuredContent`, `isError`), passed on to the MCP caller unchanged; `value` and
+    /// `error` then say the same for callers that are not MCP clients (a coding task's code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<Value>,
 }
 
 impl CallResult {
     /// A successful result.
     pub fn ok(value: Value, duration_ms: u64) -> Self {
-        Self { value: Some(value), error: None, exit_code: Some(0), duration_ms, files: Vec::new() }
+        Self { value: Some(value), error: None, exit_code: Some(0), duration_ms, files: Vec::new(), mcp: None }
     }
 
     /// A failed result.
@@ -286,6 +291,7 @@ impl CallResult {
             exit_code,
             duration_ms,
             files: Vec::new(),
+            mcp: None,
         }
     }
 

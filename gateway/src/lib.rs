@@ -39,6 +39,7 @@ pub mod status;
 pub mod store;
 pub mod tasks;
 pub mod tls;
+pub mod upstream;
 
 pub use error::{Error, Result};
 pub use identity::Identity;

@@ -1,9 +1,10 @@
 //! [`ToolCatalog`] from McpTool manifests in a folder (the embedded local mode).
 //!
 //! Every `*.yaml` / `*.yml` file of the folder (not its subfolders) is read, each document
-//! must be an McpTool (`toolyard.dev/v1alpha1`), and each is checked as the API server
-//! would ([`super::manifest`]) plus what only matters locally (no Secrets to read). All
-//! problems are reported at once, each naming the file, the document and the field.
+//! must be an McpTool or an McpServer (`toolyard.dev/v1alpha1`), and each is checked as the
+//! API server would ([`super::manifest`]) plus what only matters locally (no Secrets to read).
+//! All problems are reported at once, each naming the file, the document and the field. The
+//! McpServers are connected to by [`crate::upstream::Upstreams`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 use tokio::sync::watch;
-use toolyard_api::McpTool;
+use toolyard_api::{McpServer, McpServerSpec, McpTool};
 
 use super::manifest::{self, FieldError};
 use super::{Tool, ToolCatalog, compile_schema};
@@ -64,19 +65,47 @@ pub struct LocalTool {
     pub document: usize,
 }
 
+/// A loaded McpServer and where it came from.
+#[derive(Clone, Debug)]
+pub struct LocalServer {
+    /// Its `metadata.name`.
+    pub name: String,
+    /// Its spec, defaults applied.
+    pub spec: McpServerSpec,
+    /// The manifest file.
+    pub file: PathBuf,
+    /// 1-based document number in the file.
+    pub document: usize,
+}
+
+/// What a folder's manifests declare.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    /// The McpTools.
+    pub tools: Vec<LocalTool>,
+    /// The McpServers.
+    pub servers: Vec<LocalServer>,
+}
+
 /// Tools from a folder of manifests.
 #[derive(Debug)]
 pub struct LocalCatalog {
     dir: PathBuf,
     tools: RwLock<Vec<LocalTool>>,
+    servers: Vec<LocalServer>,
     version: watch::Sender<u64>,
 }
 
 impl LocalCatalog {
     /// Loads every manifest of `dir`.
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
-        let tools = load_dir(dir)?;
-        Ok(Self { dir: dir.to_owned(), tools: RwLock::new(tools), version: watch::Sender::new(1) })
+        let Loaded { tools, servers } = load_dir(dir)?;
+        Ok(Self { dir: dir.to_owned(), tools: RwLock::new(tools), servers, version: watch::Sender::new(1) })
+    }
+
+    /// The McpServers of the folder (as loaded at start).
+    pub fn servers(&self) -> &[LocalServer] {
+        &self.servers
     }
 
     /// The folder the manifests come from (working directories are relative to it).
@@ -92,7 +121,7 @@ impl LocalCatalog {
     /// Reads the folder again; on success the tool set is replaced and watchers are told.
     /// On failure the current tools stay.
     pub fn reload(&self) -> Result<(), LoadError> {
-        let tools = load_dir(&self.dir)?;
+        let tools = load_dir(&self.dir)?.tools;
         *self.tools.write().unwrap_or_else(|e| e.into_inner()) = tools;
         self.version.send_modify(|v| *v += 1);
         Ok(())
@@ -129,23 +158,42 @@ fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(whole("no *.yaml or *.yml files with McpTool manifests in this folder".into()));
+        return Err(whole("no *.yaml or *.yml files with McpTool or McpServer manifests in this folder".into()));
     }
     Ok(files)
 }
 
-fn load_dir(dir: &Path) -> Result<Vec<LocalTool>, LoadError> {
-    let schema = manifest::mcptool_schema();
+/// The schemas documents are checked against.
+pub struct Schemas {
+    tool: Value,
+    server: Value,
+}
+
+impl Schemas {
+    /// The McpTool and McpServer schemas.
+    pub fn new() -> Self {
+        Self { tool: manifest::mcptool_schema(), server: manifest::mcpserver_schema() }
+    }
+}
+
+impl Default for Schemas {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn load_dir(dir: &Path) -> Result<Loaded, LoadError> {
+    let schemas = Schemas::new();
     let mut errors = Vec::new();
-    let mut tools = Vec::new();
+    let mut loaded = Loaded::default();
     for file in manifest_files(dir)? {
         match std::fs::read_to_string(&file) {
-            Ok(text) => load_file(&file, &text, &schema, &mut tools, &mut errors),
+            Ok(text) => load_file(&file, &text, &schemas, &mut loaded, &mut errors),
             Err(e) => errors.push(error(&file, 0, "", format!("cannot read the file: {e}"))),
         }
     }
-    check_unique(&tools, &mut errors);
-    if errors.is_empty() { Ok(tools) } else { Err(LoadError(errors)) }
+    check_unique(&loaded, &mut errors);
+    if errors.is_empty() { Ok(loaded) } else { Err(LoadError(errors)) }
 }
 
 fn error(file: &Path, document: usize, field: &str, message: impl Into<String>) -> ManifestError {
@@ -156,8 +204,8 @@ fn error(file: &Path, document: usize, field: &str, message: impl Into<String>) 
     }
 }
 
-/// Parses the documents of one file into tools, or errors.
-pub fn load_file(file: &Path, text: &str, schema: &Value, tools: &mut Vec<LocalTool>, errors: &mut Vec<ManifestError>) {
+/// Parses the documents of one file into tools and servers, or errors.
+pub fn load_file(file: &Path, text: &str, schemas: &Schemas, loaded: &mut Loaded, errors: &mut Vec<ManifestError>) {
     let docs: Vec<Value> = match serde_saphyr::from_multiple(text) {
         Ok(docs) => docs,
         Err(e) => {
@@ -173,9 +221,14 @@ pub fn load_file(file: &Path, text: &str, schema: &Value, tools: &mut Vec<LocalT
         let before = errors.len();
         let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
         let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-        if kind != "McpTool" {
+        if kind != "McpTool" && kind != "McpServer" {
             let found = if kind.is_empty() { "no kind".to_owned() } else { format!("kind {kind:?}") };
-            errors.push(error(file, n, "kind", format!("{found}: a tool folder holds only McpTool manifests")));
+            errors.push(error(
+                file,
+                n,
+                "kind",
+                format!("{found}: a tool folder holds only McpTool and McpServer manifests"),
+            ));
             continue;
         }
         if api_version != toolyard_api::API_VERSION {
@@ -199,8 +252,13 @@ pub fn load_file(file: &Path, text: &str, schema: &Value, tools: &mut Vec<LocalT
                 format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"),
             ));
         }
+        let schema = if kind == "McpServer" { &schemas.server } else { &schemas.tool };
         for e in manifest::check_document(&doc, schema) {
             errors.push(ManifestError { file: file.to_owned(), document: n, error: e });
+        }
+        if kind == "McpServer" {
+            load_server(file, n, &doc, before, loaded, errors);
+            continue;
         }
         // Local mode has no Secrets to read.
         if let Some(env) = doc.pointer("/spec/runtime/env").and_then(Value::as_array) {
@@ -241,13 +299,59 @@ pub fn load_file(file: &Path, text: &str, schema: &Value, tools: &mut Vec<LocalT
             continue;
         }
         match Tool::new(String::new(), name.to_owned(), 1, object.spec) {
-            Ok(tool) => tools.push(LocalTool { tool: Arc::new(tool), file: file.to_owned(), document: n }),
+            Ok(tool) => loaded.tools.push(LocalTool { tool: Arc::new(tool), file: file.to_owned(), document: n }),
             Err(e) => errors.push(error(file, n, "spec.inputSchema", e)),
         }
     }
 }
 
-fn check_unique(tools: &[LocalTool], errors: &mut Vec<ManifestError>) {
+/// An McpServer document already checked against the schema (`before`: the error count before
+/// its checks).
+fn load_server(
+    file: &Path,
+    n: usize,
+    doc: &Value,
+    before: usize,
+    loaded: &mut Loaded,
+    errors: &mut Vec<ManifestError>,
+) {
+    if doc.pointer("/spec/auth/secretKeyRef").is_some_and(|r| !r.is_null()) {
+        errors.push(error(
+            file,
+            n,
+            "spec.auth.secretKeyRef",
+            "not available in local mode (there are no Kubernetes Secrets); use a server that needs no credential \
+             locally, or run on a cluster",
+        ));
+    }
+    if errors.len() > before {
+        return;
+    }
+    match serde_path_to_error::deserialize::<_, McpServer>(doc) {
+        Ok(object) => loaded.servers.push(LocalServer {
+            name: object.metadata.name.unwrap_or_default(),
+            spec: object.spec,
+            file: file.to_owned(),
+            document: n,
+        }),
+        Err(e) => errors.push(error(file, n, &e.path().to_string(), e.inner().to_string())),
+    }
+}
+
+fn check_unique(loaded: &Loaded, errors: &mut Vec<ManifestError>) {
+    let mut servers: HashMap<&str, &LocalServer> = HashMap::new();
+    for s in &loaded.servers {
+        if let Some(first) = servers.insert(&s.name, s) {
+            let message = format!(
+                "McpServer {:?} is already defined in {} (document {})",
+                s.name,
+                first.file.display(),
+                first.document
+            );
+            errors.push(error(&s.file, s.document, "metadata.name", message));
+        }
+    }
+    let tools = &loaded.tools;
     let mut by_name: HashMap<&str, &LocalTool> = HashMap::new();
     let mut by_object: HashMap<&str, &LocalTool> = HashMap::new();
     for t in tools {
@@ -268,10 +372,10 @@ mod tests {
     use super::*;
 
     fn load_text(text: &str) -> Result<Vec<LocalTool>, Vec<String>> {
-        let (mut tools, mut errors) = (Vec::new(), Vec::new());
-        load_file(Path::new("t.yaml"), text, &manifest::mcptool_schema(), &mut tools, &mut errors);
-        check_unique(&tools, &mut errors);
-        if errors.is_empty() { Ok(tools) } else { Err(errors.iter().map(ToString::to_string).collect()) }
+        let (mut loaded, mut errors) = (Loaded::default(), Vec::new());
+        load_file(Path::new("t.yaml"), text, &Schemas::new(), &mut loaded, &mut errors);
+        check_unique(&loaded, &mut errors);
+        if errors.is_empty() { Ok(loaded.tools) } else { Err(errors.iter().map(ToString::to_string).collect()) }
     }
 
     const TOOL: &str = "apiVersion: toolyard.dev/v1alpha1\nkind: McpTool\nmetadata: {name: echo}\nspec:\n  name: echo\n  description: d\n  inputSchema: {type: object}\n  runtime: {image: i, command: [python3]}\n";
@@ -310,7 +414,7 @@ mod tests {
         );
         let errors = load_text(&text).unwrap_err();
         let expect = [
-            "t.yaml (document 2): kind: kind \"Deployment\": a tool folder holds only McpTool manifests",
+            "t.yaml (document 2): kind: kind \"Deployment\": a tool folder holds only McpTool and McpServer manifests",
             "t.yaml (document 4): spec.runtime.env[0].secretKeyRef: not available in local mode",
             "t.yaml (document 5): spec.inputSchema: inputSchema is not a valid JSON Schema",
             "t.yaml (document 6): spec.runtime.volumes: not available in local mode",

@@ -27,8 +27,16 @@ impl std::fmt::Display for FieldError {
 
 /// The `openAPIV3Schema` of the McpTool CRD.
 pub fn mcptool_schema() -> Value {
-    use kube::CustomResourceExt;
-    let crd = serde_json::to_value(toolyard_api::McpTool::crd()).unwrap_or_default();
+    openapi_schema::<toolyard_api::McpTool>()
+}
+
+/// The `openAPIV3Schema` of the McpServer CRD.
+pub fn mcpserver_schema() -> Value {
+    openapi_schema::<toolyard_api::McpServer>()
+}
+
+fn openapi_schema<K: kube::CustomResourceExt>() -> Value {
+    let crd = serde_json::to_value(K::crd()).unwrap_or_default();
     crd.pointer("/spec/versions/0/schema/openAPIV3Schema").cloned().unwrap_or_default()
 }
 
@@ -216,7 +224,7 @@ fn check_object(map: &Map<String, Value>, schema: &Map<String, Value>, path: &st
 
 type Rule = fn(&Value) -> bool;
 
-/// The Rust check of a CEL rule of the McpTool schema, by its exact text.
+/// The Rust check of a CEL rule of the McpTool and McpServer schemas, by its exact text.
 pub fn cel_rule(rule: &str) -> Option<Rule> {
     let check: Rule = match rule {
         "self.mode == 'Pool' || !has(self.pool)" => {
@@ -256,6 +264,15 @@ pub fn cel_rule(rule: &str) -> Option<Rule> {
             }
         }
         "!self.contains(' ')" => |v| v.as_str().is_some_and(|s| !s.contains(' ')),
+        "self.startsWith('https://') || self.startsWith('http://')" => {
+            |v| v.as_str().is_some_and(|s| s.starts_with("https://") || s.starts_with("http://"))
+        }
+        "self.matches('^[A-Za-z0-9-]+$')" => {
+            |v| v.as_str().is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        }
+        "self.matches('^[A-Za-z0-9-]*$')" => {
+            |v| v.as_str().is_some_and(|s| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        }
         "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')" => |v| v.as_str().is_some_and(is_dns_label),
         _ => return None,
     };
@@ -344,9 +361,10 @@ mod tests {
                 }
             }
         }
-        let schema = mcptool_schema();
-        assert!(schema.get("properties").is_some(), "schema found");
-        walk(&schema, "");
+        for schema in [mcptool_schema(), mcpserver_schema()] {
+            assert!(schema.get("properties").is_some(), "schema found");
+            walk(&schema, "");
+        }
     }
 
     fn doc(spec: Value) -> Value {

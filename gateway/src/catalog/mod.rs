@@ -5,6 +5,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use toolyard_api::mcptool::McpToolSpec;
 
+use crate::executor::Executor;
+
 pub mod kube;
 pub mod local;
 pub mod manifest;
@@ -12,9 +14,10 @@ pub mod manifest;
 /// A tool as the MCP layer sees it: the McpTool spec plus its compiled input validator.
 #[derive(Debug)]
 pub struct Tool {
-    /// Namespace of the McpTool (empty in embedded mode).
+    /// Namespace of the McpTool or McpServer (empty in embedded mode).
     pub namespace: String,
-    /// McpTool object name: the RBAC `resourceName` and the ToolCall's `spec.tool`.
+    /// McpTool object name: the RBAC `resourceName` and the ToolCall's `spec.tool`; for an
+    /// upstream server's tool, the McpServer's name.
     pub object_name: String,
     /// Generation the validator was compiled for.
     pub generation: i64,
@@ -29,6 +32,24 @@ pub struct Tool {
     /// Pool mode: base URL of the warm pool serving this tool (the McpTool's
     /// `status.endpoint`, or a local warm worker in embedded mode).
     pub endpoint: Option<String>,
+    /// Set for a tool of an upstream MCP server (an McpServer): where its calls go. `spec` then
+    /// describes it as the server listed it, under its name on the gateway, with no runtime.
+    pub upstream: Option<Upstream>,
+}
+
+/// Where the calls of an upstream server's tool go.
+#[derive(Clone)]
+pub struct Upstream {
+    /// The tool's name on its server.
+    pub tool: String,
+    /// The server's connection, which runs the calls.
+    pub executor: Arc<dyn Executor>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").field("tool", &self.tool).finish_non_exhaustive()
+    }
 }
 
 impl Tool {
@@ -49,12 +70,28 @@ impl Tool {
     ) -> Self {
         let input_schema = Arc::new(spec.input_schema.clone());
         let output_schema = spec.output_schema.clone().map(Arc::new);
-        Self { namespace, object_name, generation, spec, validator, input_schema, output_schema, endpoint: None }
+        Self {
+            namespace,
+            object_name,
+            generation,
+            spec,
+            validator,
+            input_schema,
+            output_schema,
+            endpoint: None,
+            upstream: None,
+        }
     }
 
     /// The same tool with a pool endpoint.
     pub fn with_endpoint(mut self, endpoint: Option<String>) -> Self {
         self.endpoint = endpoint;
+        self
+    }
+
+    /// The same tool as one of an upstream server's.
+    pub fn with_upstream(mut self, upstream: Upstream) -> Self {
+        self.upstream = Some(upstream);
         self
     }
 

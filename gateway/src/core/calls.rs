@@ -278,7 +278,9 @@ impl Calls {
             task_started,
         };
         self.metrics.calls_in_flight().inc();
-        let execution = self.executor.call(request).instrument(execute);
+        // An upstream server's tool runs on its server's connection, every other on the executor.
+        let executor = tool.upstream.as_ref().map_or(&self.executor, |u| &u.executor);
+        let execution = executor.call(request).instrument(execute);
         let outcome = match relay {
             Some((mut reports, sink)) => {
                 let mut reported = f64::NEG_INFINITY;

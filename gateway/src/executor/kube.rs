@@ -457,7 +457,7 @@ impl Executor for KubeExecutor {
             None => CallState::Unknown,
             Some(call) => match finished_condition(call) {
                 None => CallState::Running,
-                Some(condition) => CallState::Ended(result_from_condition(&condition, 0)),
+                Some(condition) => CallState::Ended(Box::new(result_from_condition(&condition, 0))),
             },
         })
     }

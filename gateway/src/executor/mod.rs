@@ -59,7 +59,7 @@ pub enum CallState {
     Running,
     /// It ended; the result as the platform recorded it (the stored `result.json` is read
     /// first, so this is the result of a run that stored none: a timeout, a cancellation).
-    Ended(CallResult),
+    Ended(Box<CallResult>),
     /// The platform knows nothing of it (or no more).
     Unknown,
 }

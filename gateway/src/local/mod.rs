@@ -42,6 +42,8 @@ use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
 use crate::state::{Settings, loopback_hosts};
 use crate::store::fs::{Durability, FsStore};
 use crate::tasks::local::{LocalTaskBackend, LocalTaskSettings, LocalTasks};
+use crate::upstream::link::Endpoint;
+use crate::upstream::{LogStatus, ServerConfig, Upstreams};
 use setup::DataDirLock;
 use workers::WarmPools;
 
@@ -114,6 +116,9 @@ pub struct LocalArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub data: crate::serve::DataArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub upstream: crate::upstream::UpstreamArgs,
 }
 
 /// A running local gateway.
@@ -129,6 +134,8 @@ pub struct LocalGateway {
     pub data_dir: PathBuf,
     /// The loaded catalog.
     pub catalog: Arc<LocalCatalog>,
+    /// The catalog served: the functions and the McpServers' tools.
+    pub upstreams: Upstreams,
     /// The warm workers of Pool-mode tools.
     pub pools: Arc<WarmPools>,
     tokens: ShutdownTokens,
@@ -301,8 +308,27 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let tokens = ShutdownTokens::default();
     let executor: Arc<dyn Executor> = Arc::new(executor);
     let flushed = executor.clone();
+    let upstreams = Upstreams::new(
+        catalog.clone(),
+        args.upstream.settings("local".into()),
+        Arc::new(LogStatus),
+        background.clone(),
+    )?;
+    upstreams.apply(
+        catalog
+            .servers()
+            .iter()
+            .map(|s| ServerConfig {
+                namespace: String::new(),
+                name: s.name.clone(),
+                generation: 1,
+                spec: s.spec.clone(),
+                endpoint: Endpoint { url: s.spec.url.clone(), credential: None },
+            })
+            .collect(),
+    );
     let backends = Backends {
-        catalog: catalog.clone(),
+        catalog: Arc::new(upstreams.clone()),
         executor,
         store: store.clone(),
         authorizer: Arc::new(authorizer),
@@ -335,7 +361,19 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         result
     });
     wait_healthy(addr).await?;
-    Ok(LocalGateway { addr, metrics_addr, token, data_dir, catalog, pools, tokens, background, served, _lock: lock })
+    Ok(LocalGateway {
+        addr,
+        metrics_addr,
+        token,
+        data_dir,
+        catalog,
+        upstreams,
+        pools,
+        tokens,
+        background,
+        served,
+        _lock: lock,
+    })
 }
 
 /// A non-blocking listener on `addr`, with errors that name `flag`.

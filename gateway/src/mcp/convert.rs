@@ -30,9 +30,14 @@ pub fn to_mcp_tool(tool: &Tool) -> McpTool {
     out
 }
 
-/// The MCP result of a finished call: on success the value as JSON text plus
-/// `structuredContent`; on failure `isError` with the tool's own message.
+/// The MCP result of a finished call: an upstream server's answer as it came; otherwise on
+/// success the value as JSON text plus `structuredContent`, on failure `isError` with the
+/// tool's own message.
 pub fn call_result_to_mcp(result: CallResult) -> CallToolResult {
+    // An upstream server's answer goes on as it came.
+    if let Some(answer) = result.mcp.as_ref().and_then(|a| serde_json::from_value::<CallToolResult>(a.clone()).ok()) {
+        return answer;
+    }
     if let Some(error) = result.error {
         return CallToolResult::error(vec![ContentBlock::text(error.message)]);
     }

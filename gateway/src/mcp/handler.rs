@@ -454,7 +454,7 @@ impl McpHandler {
             Some(result) => Some(result),
             None => match self.state.executor.call_state(&owner, &id).await.map_err(|e| self.platform_error(&e))? {
                 CallState::Running => None,
-                CallState::Ended(result) => Some(result),
+                CallState::Ended(result) => Some(*result),
                 CallState::Unknown => {
                     let accepted = store.get(&owner, &format!("calls/{id}/input.json")).await;
                     if accepted.map_err(|e| self.platform_error(&e))?.is_none() {

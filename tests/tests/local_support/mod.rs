@@ -1,6 +1,9 @@
 //! The embedded local mode in the test process: `toolyard_gateway::local::start` on loopback
 //! with the real runner binary and Python, for tests that drive it from outside.
 
+// Each test file uses a part of this module.
+#![allow(dead_code)]
+
 use std::path::PathBuf;
 
 use toolyard_gateway::local::{LocalArgs, LocalGateway};
@@ -18,8 +21,13 @@ pub async fn start(dir: &str, data: &TempDir, token: &str, max_calls: usize) -> 
 
 /// [`start`] with these storage quota and retention settings.
 pub async fn start_with(dir: &str, data: &TempDir, token: &str, max_calls: usize, lifecycle: DataArgs) -> LocalGateway {
-    let args = LocalArgs {
-        dir: repo_path(dir),
+    start_args(args(repo_path(dir), data, token, max_calls, lifecycle)).await
+}
+
+/// The local mode's flags for the manifests of `dir`, as [`start_with`] sets them.
+pub fn args(dir: PathBuf, data: &TempDir, token: &str, max_calls: usize, lifecycle: DataArgs) -> LocalArgs {
+    LocalArgs {
+        dir,
         listen: "127.0.0.1:0".into(),
         token: Some(token.into()),
         token_file: None,
@@ -37,7 +45,12 @@ pub async fn start_with(dir: &str, data: &TempDir, token: &str, max_calls: usize
         log_format: LogFormat::Plain,
         models: toolyard_gateway::model::ModelArgs::default(),
         data: lifecycle,
-    };
+        upstream: toolyard_gateway::upstream::UpstreamArgs::default(),
+    }
+}
+
+/// Starts the local mode with `args`; returns once its warm workers have started.
+pub async fn start_args(args: LocalArgs) -> LocalGateway {
     let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
     gateway.pools.wait_started().await.expect("warm workers start");
     gateway

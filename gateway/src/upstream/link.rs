@@ -1,0 +1,347 @@
+//! One connection to an upstream MCP server (an rmcp client over Streamable HTTP), and the
+//! [`Executor`] its tools' calls run on.
+//!
+//! The connection sends only the server's own credential (from its McpServer), never a
+//! caller's token. A call passes on its arguments, the caller's trace context (`_meta.traceparent`),
+//! its progress (the server's `notifications/progress` with a `total` become the caller's) and
+//! its cancellation (`notifications/cancelled` to the server); the answer comes back unchanged
+//! in [`CallResult::mcp`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use http::{HeaderName, HeaderValue};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
+    Implementation, PingRequest, ProgressNotificationParam, ProgressToken, RequestMetaObject, ServerResult,
+};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
+use serde_json::Value;
+use tokio::sync::Notify;
+use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
+
+use crate::executor::events::ProgressSender;
+use crate::executor::{CallRequest, Executor};
+
+/// Largest answer (one JSON body or SSE event) taken from an upstream server.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How to reach one server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Streamable HTTP URL.
+    pub url: String,
+    /// A header sent with every request (the server's credential), never logged.
+    pub credential: Option<(HeaderName, HeaderValue)>,
+}
+
+/// What the connection's client side hears from the server.
+#[derive(Clone)]
+struct Listener {
+    info: ClientConfig,
+    progress: Arc<Mutex<HashMap<ProgressToken, ProgressSender>>>,
+    list_changed: Arc<Notify>,
+}
+
+impl ClientHandler for Listener {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    async fn on_progress(&self, params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        // Only reports with a total have a fraction; MCP progress must grow, which the caller's
+        // relay makes sure of.
+        let Some(total) = params.total.filter(|t| *t > 0.0) else { return };
+        let sender = self.progress.lock().unwrap_or_else(|e| e.into_inner()).get(&params.progress_token).cloned();
+        if let Some(sender) = sender {
+            let message =
+                params.message.map(|m| m.chars().take(toolyard_api::protocol::MAX_PROGRESS_MESSAGE).collect());
+            sender.send_replace(Some(Progress { fraction: (params.progress / total).clamp(0.0, 1.0), message }));
+        }
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed.notify_one();
+    }
+}
+
+/// A live connection.
+pub struct Connection {
+    service: RunningService<RoleClient, Listener>,
+}
+
+impl Connection {
+    /// Connects and completes the `initialize` handshake within `timeout`.
+    pub async fn open(
+        endpoint: &Endpoint,
+        http: reqwest::Client,
+        timeout: Duration,
+        link: &Link,
+    ) -> Result<Self, String> {
+        let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.url.clone());
+        config.max_json_response_size = MAX_RESPONSE_BYTES;
+        config.max_sse_event_size = MAX_RESPONSE_BYTES;
+        if let Some((name, value)) = &endpoint.credential {
+            config = config.custom_headers(HashMap::from([(name.clone(), value.clone())]));
+        }
+        let transport = StreamableHttpClientTransport::with_client(http, config);
+        let listener = Listener {
+            info: ClientConfig::new(
+                ClientCapabilities::default(),
+                Implementation::new("toolyard-gateway", env!("CARGO_PKG_VERSION")),
+            ),
+            progress: link.progress.clone(),
+            list_changed: link.list_changed.clone(),
+        };
+        let handshake = listener.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize);
+        match tokio::time::timeout(timeout, handshake).await {
+            Ok(Ok(service)) => Ok(Self { service }),
+            Ok(Err(e)) => Err(format!("the MCP handshake failed: {}", error_chain(&e))),
+            Err(_) => Err(format!("no answer to the MCP handshake within {} s", timeout.as_secs())),
+        }
+    }
+
+    /// Every tool the server lists (all pages), within `timeout`.
+    pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<rmcp::model::Tool>, String> {
+        match tokio::time::timeout(timeout, self.service.peer().list_all_tools()).await {
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(e)) => Err(format!("tools/list failed: {}", error_chain(&e))),
+            Err(_) => Err(format!("no answer to tools/list within {} s", timeout.as_secs())),
+        }
+    }
+
+    /// Pings the server; an error says why it is unreachable.
+    pub async fn ping(&self, timeout: Duration) -> Result<(), String> {
+        let ping = self.service.peer().send_request(ClientRequest::PingRequest(PingRequest::default()));
+        match tokio::time::timeout(timeout, ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("ping failed: {}", error_chain(&e))),
+            Err(_) => Err(format!("no answer to ping within {} s", timeout.as_secs())),
+        }
+    }
+
+    /// The peer calls are sent through.
+    pub fn peer(&self) -> Peer<RoleClient> {
+        self.service.peer().clone()
+    }
+
+    /// Closes the connection (ends the server's session).
+    pub async fn close(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.service.cancel()).await;
+    }
+}
+
+/// The calls of one server's tools: sent on its current connection, if any.
+pub struct Link {
+    /// `namespace/name` of the McpServer, for messages.
+    server: String,
+    timeout: Duration,
+    peer: RwLock<Option<Peer<RoleClient>>>,
+    progress: Arc<Mutex<HashMap<ProgressToken, ProgressSender>>>,
+    /// Told when the server says its tools changed.
+    pub list_changed: Arc<Notify>,
+    /// Told when a call found the connection broken.
+    pub broken: Notify,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").field("server", &self.server).finish_non_exhaustive()
+    }
+}
+
+impl Link {
+    /// The link of server `server` (`namespace/name`), whose calls may take `timeout`.
+    pub fn new(server: String, timeout: Duration) -> Self {
+        Self {
+            server,
+            timeout,
+            peer: RwLock::new(None),
+            progress: Arc::default(),
+            list_changed: Arc::default(),
+            broken: Notify::new(),
+        }
+    }
+
+    /// Calls go to `peer` from now on (`None`: the server is not connected).
+    pub fn set_peer(&self, peer: Option<Peer<RoleClient>>) {
+        *self.peer.write().unwrap_or_else(|e| e.into_inner()) = peer;
+    }
+
+    fn current(&self) -> Option<Peer<RoleClient>> {
+        self.peer.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Removes a call's progress route when the call ends.
+struct Route<'a> {
+    routes: &'a Mutex<HashMap<ProgressToken, ProgressSender>>,
+    token: ProgressToken,
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.token);
+    }
+}
+
+#[async_trait]
+impl Executor for Link {
+    async fn call(&self, request: CallRequest) -> crate::Result<CallResult> {
+        let started = Instant::now();
+        let ms = || started.elapsed().as_millis() as u64;
+        let Some(upstream) = request.tool.upstream.as_ref() else {
+            return Err(crate::Error::Internal(format!("{} is not an upstream tool", request.tool.name())));
+        };
+        let Some(peer) = self.current() else {
+            return Ok(CallResult::err(
+                CallErrorKind::Crashed,
+                format!("the MCP server {} is not connected; try again later", self.server),
+                None,
+                ms(),
+            ));
+        };
+        let mut params = CallToolRequestParams::new(upstream.tool.clone()).with_arguments(request.arguments);
+        if let Some(traceparent) = request.traceparent {
+            let mut meta = RequestMetaObject::default();
+            meta.0.insert("traceparent".into(), Value::String(traceparent));
+            params.meta = Some(meta);
+        }
+        // The call's deadline is kept below, where a cancellation also ends the wait.
+        let options = PeerRequestOptions::no_options();
+        let handle = match peer
+            .send_request_with_option(ClientRequest::CallToolRequest(CallToolRequest::new(params)), options)
+            .await
+        {
+            Ok(handle) => handle,
+            Err(e) => {
+                self.broken.notify_one();
+                return Ok(CallResult::err(
+                    CallErrorKind::Crashed,
+                    format!("the MCP server {} is not reachable: {}", self.server, error_chain(&e)),
+                    None,
+                    ms(),
+                ));
+            }
+        };
+        let _route = request.progress.map(|sender| {
+            let token = handle.progress_token.clone();
+            self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(token.clone(), sender);
+            Route { routes: &self.progress, token }
+        });
+        let id = handle.id.clone();
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(self.timeout, handle.await_response()) => answer,
+            () = request.cancel.cancelled() => {
+                cancel(&peer, id, "the caller cancelled the call").await;
+                return Ok(CallResult::err(CallErrorKind::Cancelled, "the call was cancelled", None, ms()));
+            }
+        };
+        let result = match answer {
+            Err(_) => {
+                cancel(&peer, id, "timed out").await;
+                return Ok(CallResult::err(
+                    CallErrorKind::TimedOut,
+                    format!("the MCP server {} did not answer within {} s", self.server, self.timeout.as_secs()),
+                    None,
+                    ms(),
+                ));
+            }
+            Ok(Err(e)) => {
+                let message = match &e {
+                    rmcp::ServiceError::McpError(error) => {
+                        format!("the MCP server {} refused the call: {}", self.server, error.message)
+                    }
+                    _ => {
+                        self.broken.notify_one();
+                        format!("the MCP server {} failed: {}", self.server, error_chain(&e))
+                    }
+                };
+                return Ok(CallResult::err(CallErrorKind::ToolError, message, None, ms()));
+            }
+            Ok(Ok(ServerResult::CallToolResult(result))) => result,
+            Ok(Ok(_)) => {
+                return Ok(CallResult::err(
+                    CallErrorKind::BadResult,
+                    format!(
+                        "the MCP server {} answered tools/call with something else than a tool result",
+                        self.server
+                    ),
+                    None,
+                    ms(),
+                ));
+            }
+        };
+        Ok(passed_on(result, ms()))
+    }
+}
+
+/// Tells the server to stop request `id`.
+async fn cancel(peer: &Peer<RoleClient>, id: rmcp::model::RequestId, reason: &str) {
+    let params = rmcp::model::CancelledNotificationParam::new(Some(id), Some(reason.to_owned()));
+    let _ = tokio::time::timeout(Duration::from_secs(5), peer.notify_cancelled(params)).await;
+}
+
+/// The runner protocol's result of an upstream answer: the answer itself in `mcp`, and for
+/// callers that are not MCP clients `value` (its `structuredContent`, else its text parsed as
+/// JSON where it is JSON) or `error` (its text).
+pub fn passed_on(result: CallToolResult, duration_ms: u64) -> CallResult {
+    let text: Vec<&str> = result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.as_str())).collect();
+    let text = text.join("\n");
+    let mut out = if result.is_error == Some(true) {
+        let message = if text.is_empty() { "the tool failed".to_owned() } else { text };
+        CallResult::err(CallErrorKind::ToolError, message, None, duration_ms)
+    } else {
+        let value = match &result.structured_content {
+            Some(v) => v.clone(),
+            None => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        };
+        CallResult::ok(value, duration_ms)
+    };
+    out.exit_code = None;
+    out.mcp = serde_json::to_value(&result).ok();
+    out
+}
+
+/// `e` and its sources, joined.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ContentBlock;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn answers_keep_their_content_and_say_it_for_other_callers() {
+        let mut ok = CallToolResult::success(vec![ContentBlock::text("{\"price\": 3}")]);
+        let r = passed_on(ok.clone(), 5);
+        assert_eq!(r.value, Some(json!({"price": 3})));
+        assert_eq!(r.mcp.as_ref().unwrap()["content"][0]["text"], "{\"price\": 3}");
+        ok.structured_content = Some(json!({"price": 4}));
+        assert_eq!(passed_on(ok, 5).value, Some(json!({"price": 4})));
+        let plain = passed_on(CallToolResult::success(vec![ContentBlock::text("hello")]), 1);
+        assert_eq!(plain.value, Some(json!("hello")));
+        let failed = passed_on(CallToolResult::error(vec![ContentBlock::text("no such ticker")]), 1);
+        assert_eq!(failed.error.as_ref().unwrap().message, "no such ticker");
+        assert_eq!(failed.mcp.as_ref().unwrap()["isError"], true);
+    }
+}

@@ -1,0 +1,300 @@
+//! Upstream MCP servers (McpServer manifests) in the embedded local mode: the official Python
+//! SDK's server (`tests/fixtures/python/upstream_server.py`) behind the gateway, driven by a
+//! real MCP client (rmcp over Streamable HTTP).
+
+mod local_support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
+    Implementation, ProgressNotificationParam, ProtocolVersion, ServerNotification, SubscriptionFilter,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
+use serde_json::{Value, json};
+use toolyard_api::mcpserver::ConnectionState;
+use toolyard_gateway::local::LocalGateway;
+use toolyard_gateway::serve::DataArgs;
+use toolyard_tests::local::{self, TempDir};
+use toolyard_tests::repo_path;
+
+const TOKEN: &str = "ty_local-upstream-test-token-01";
+
+/// The fixture server on `port`, killed when dropped.
+struct UpstreamServer {
+    child: Child,
+}
+
+impl UpstreamServer {
+    fn start(port: u16, markers: &Path) -> Self {
+        let child = Command::new(local::python())
+            .arg(repo_path("tests/fixtures/python/upstream_server.py"))
+            .arg(port.to_string())
+            .arg(markers)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the fixture server starts");
+        let server = Self { child };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the fixture server does not listen on {port}");
+    }
+}
+
+impl Drop for UpstreamServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
+}
+
+/// A client that counts progress notifications (and, through its subscription,
+/// `tools/list_changed`).
+#[derive(Clone, Default)]
+struct Counting {
+    list_changed: Arc<AtomicUsize>,
+    progress: Arc<AtomicUsize>,
+}
+
+impl ClientHandler for Counting {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(ClientCapabilities::default(), Implementation::new("upstream-test", "1"))
+    }
+
+    async fn on_progress(&self, _params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
+        self.progress.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+struct Setup {
+    gateway: LocalGateway,
+    client: RunningService<RoleClient, Counting>,
+    counts: Counting,
+    _dir: TempDir,
+    _data: TempDir,
+}
+
+impl Setup {
+    /// The local mode on McpServer manifests for these `(name, port)` servers, pinging them
+    /// every second and reconnecting after 1, 2, then 3 s.
+    async fn start(servers: &[(&str, u16)]) -> Self {
+        let dir = TempDir::new("upstream-manifests");
+        for (name, port) in servers {
+            let manifest = format!(
+                "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n  reconnectDelaysSeconds: [1, 2, 3]\n  timeoutSeconds: 30\n"
+            );
+            std::fs::write(dir.path().join(format!("{name}.yaml")), manifest).expect("manifest written");
+        }
+        let data = TempDir::new("upstream-data");
+        let mut args = local_support::args(dir.path().to_owned(), &data, TOKEN, 4, DataArgs::default());
+        args.upstream.upstream_ping_seconds = 1;
+        args.upstream.upstream_connect_timeout_seconds = 2;
+        let gateway = local_support::start_args(args).await;
+        let counts = Counting::default();
+        let config = StreamableHttpClientTransportConfig::with_uri(gateway.mcp_url())
+            .auth_header(TOKEN.to_owned())
+            .custom_headers(
+                [(
+                    http::HeaderName::from_static("traceparent"),
+                    http::HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+                )]
+                .into(),
+            );
+        // A 2026-07-28 client: it hears of list changes through `subscriptions/listen`.
+        let lifecycle = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        let client = counts
+            .clone()
+            .serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), lifecycle)
+            .await
+            .expect("MCP client connects");
+        let mut subscription = client
+            .listen(SubscriptionFilter::builder().tools_list_changed().build())
+            .await
+            .expect("subscriptions/listen");
+        let heard = counts.list_changed.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(note)) = subscription.next().await {
+                if matches!(note, ServerNotification::ToolListChangedNotification(_)) {
+                    heard.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        Self { gateway, client, counts, _dir: dir, _data: data }
+    }
+
+    async fn tool_names(&self) -> Vec<String> {
+        let tools = self.client.list_all_tools().await.expect("tools/list");
+        tools.into_iter().map(|t| t.name.to_string()).collect()
+    }
+
+    /// Waits until `tools/list` does (`present`) or does not show `name`.
+    async fn wait_listed(&self, name: &str, present: bool) {
+        for _ in 0..300 {
+            if self.tool_names().await.iter().any(|n| n == name) == present {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{name} listed: expected {present}; tools: {:?}", self.tool_names().await);
+    }
+
+    async fn call(&self, tool: &str, arguments: Value) -> CallToolResult {
+        let params = CallToolRequestParams::new(tool.to_owned())
+            .with_arguments(arguments.as_object().expect("test setup").clone());
+        self.client.call_tool(params).await.unwrap_or_else(|e| panic!("tools/call {tool}: {e}"))
+    }
+}
+
+fn text(result: &CallToolResult) -> String {
+    result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchanged() {
+    let markers = TempDir::new("upstream-markers");
+    let port = free_port();
+    let _server = UpstreamServer::start(port, markers.path());
+    let setup = Setup::start(&[("market-data", port)]).await;
+    setup.wait_listed("market_data_get_quote", true).await;
+    let names = setup.tool_names().await;
+    for tool in ["get_quote", "snapshot", "whoami", "slow", "add_tool"] {
+        assert!(names.contains(&format!("market_data_{tool}")), "{tool} is served prefixed: {names:?}");
+    }
+    let listed = setup.client.list_all_tools().await.expect("tools/list");
+    let quote = listed.iter().find(|t| t.name == "market_data_get_quote").expect("listed");
+    assert_eq!(quote.description.as_deref(), Some("Last price of a ticker."));
+    assert_eq!(quote.input_schema["required"], json!(["ticker"]), "the upstream's schema is served");
+
+    // Structured content and tool errors come back as the server sent them.
+    let ok = setup.call("market_data_get_quote", json!({"ticker": "ACME"})).await;
+    assert_eq!(ok.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})));
+    assert_ne!(ok.is_error, Some(true));
+    let unknown = setup.call("market_data_get_quote", json!({"ticker": "NOPE"})).await;
+    assert_eq!(unknown.is_error, Some(true));
+    assert!(text(&unknown).contains("no such ticker: NOPE"), "{unknown:?}");
+    // The gateway checks arguments against the upstream's schema before sending anything.
+    let invalid = setup.call("market_data_get_quote", json!({})).await;
+    assert_eq!(invalid.is_error, Some(true));
+    assert!(text(&invalid).starts_with("invalid arguments"), "{invalid:?}");
+
+    // Every content type passes through.
+    let snapshot = serde_json::to_value(setup.call("market_data_snapshot", json!({})).await).expect("json");
+    let kinds: Vec<&str> =
+        snapshot["content"].as_array().expect("content").iter().filter_map(|c| c["type"].as_str()).collect();
+    assert_eq!(kinds, ["text", "image", "audio", "resource_link", "resource"], "{snapshot}");
+    assert_eq!(snapshot["content"][1]["mimeType"], "image/png");
+    assert_eq!(snapshot["content"][3]["uri"], "file:///quotes/acme.csv");
+    assert_eq!(snapshot["content"][4]["resource"]["text"], "day,price\n1,3.25\n");
+
+    // The server gets the caller's trace, never the caller's token.
+    let who = setup.call("market_data_whoami", json!({})).await;
+    let who = who.structured_content.expect("structured");
+    assert_eq!(who["authorization"], Value::Null, "the caller's token stays at the gateway: {who}");
+    let traceparent = who["traceparent"].as_str().expect("a traceparent reaches the server");
+    assert!(traceparent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"), "same trace: {traceparent}");
+
+    // Progress reaches the caller; a cancellation reaches the server.
+    let params = CallToolRequestParams::new("market_data_slow")
+        .with_arguments(json!({"seconds": 30}).as_object().unwrap().clone());
+    let handle = setup
+        .client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    for _ in 0..200 {
+        if setup.counts.progress.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(setup.counts.progress.load(Ordering::SeqCst) >= 2, "the server's progress reaches the caller");
+    handle.cancel(Some("test".into())).await.expect("cancel sent");
+    let marker = markers.path().join("cancelled");
+    for _ in 0..100 {
+        if marker.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(marker.exists(), "the caller's cancellation reaches the server");
+
+    // A tool the server adds is served once it says its list changed, and clients are told.
+    let before = setup.counts.list_changed.load(Ordering::SeqCst);
+    let added = setup.call("market_data_add_tool", json!({"name": "late-tool"})).await;
+    assert_eq!(text(&added), "added");
+    setup.wait_listed("market_data_late_tool", true).await;
+    assert!(setup.counts.list_changed.load(Ordering::SeqCst) > before, "clients hear that the list changed");
+    let late = setup.call("market_data_late_tool", json!({})).await;
+    assert_eq!(text(&late), "late-tool answers");
+
+    let connections = setup.gateway.upstreams.connections();
+    let c = &connections["market-data"];
+    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 6, 0), "{c:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_that_goes_away_is_retried_on_schedule_without_touching_the_other() {
+    let markers = TempDir::new("upstream-markers");
+    let (port_a, port_b) = (free_port(), free_port());
+    let server_a = UpstreamServer::start(port_a, markers.path());
+    let _server_b = UpstreamServer::start(port_b, markers.path());
+    let setup = Setup::start(&[("alpha", port_a), ("beta", port_b)]).await;
+    setup.wait_listed("alpha_get_quote", true).await;
+    setup.wait_listed("beta_get_quote", true).await;
+
+    drop(server_a);
+    setup.wait_listed("alpha_get_quote", false).await;
+    // Beta keeps answering while alpha is away, and alpha's tool is unknown meanwhile.
+    let beta = setup.call("beta_get_quote", json!({"ticker": "INITECH"})).await;
+    assert_eq!(beta.structured_content, Some(json!({"ticker": "INITECH", "price": 3.25})));
+    let alpha = setup.client.call_tool(CallToolRequestParams::new("alpha_get_quote")).await;
+    assert!(alpha.is_err_and(|e| e.to_string().contains("Unknown tool")), "alpha's tools are gone while it is away");
+
+    // The reconnect delays follow the schedule, the last one repeating: 1, 2, 3, 3 s.
+    let mut seen = Vec::new();
+    for _ in 0..300 {
+        let c = setup.gateway.upstreams.connections()["alpha"].clone();
+        if c.state == ConnectionState::Waiting && !seen.iter().any(|(f, _)| *f == c.failures) {
+            let next = c.next_retry.as_ref().expect("a waiting connection has a next retry").0;
+            let at = c.updated.as_ref().expect("a state change has a time").0;
+            seen.push((c.failures, next.duration_since(at).as_secs()));
+            assert!(c.last_error.as_deref().is_some_and(|e| !e.is_empty()), "{c:?}");
+        }
+        if seen.len() == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let delays: Vec<i64> = seen.iter().map(|(_, d)| *d).collect();
+    assert_eq!(delays, [1, 2, 3, 3], "failures and their delays: {seen:?}");
+    assert_eq!(setup.gateway.upstreams.connections()["beta"].state, ConnectionState::Connected);
+
+    // Back again: its tools return and clients are told the list changed.
+    let before = setup.counts.list_changed.load(Ordering::SeqCst);
+    let _server_a = UpstreamServer::start(port_a, markers.path());
+    setup.wait_listed("alpha_get_quote", true).await;
+    assert!(setup.counts.list_changed.load(Ordering::SeqCst) > before, "clients hear that the list changed");
+    let alpha = setup.call("alpha_get_quote", json!({"ticker": "ACME"})).await;
+    assert_eq!(alpha.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})));
+    let c = setup.gateway.upstreams.connections()["alpha"].clone();
+    assert_eq!((c.state, c.failures, c.last_error.as_deref()), (ConnectionState::Connected, 0, None));
+}
