@@ -33,6 +33,8 @@ use crate::store::fs::FsStore;
 use crate::store::s3::{S3Settings, S3Store};
 use crate::tasks::kube::KubeTasks;
 use crate::tls::TlsArgs;
+use crate::upstream::Upstreams;
+use crate::upstream::kube::{SecretCredentials, StatusPatcher};
 
 /// Flags of `serve` (every flag has a `TOOLYARD_*` environment fallback).
 #[derive(Args, Clone, Debug)]
@@ -71,6 +73,10 @@ pub struct ServeArgs {
     /// Tools per `tools/list` page.
     #[arg(long, env = "TOOLYARD_PAGE_SIZE", default_value_t = 100)]
     pub page_size: usize,
+    /// This replica's name in McpServer statuses (the chart sets the pod name). Default: the
+    /// host name.
+    #[arg(long, env = "TOOLYARD_POD_NAME")]
+    pub pod_name: Option<String>,
 
     #[command(flatten)]
     #[allow(missing_docs)]
@@ -110,6 +116,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     #[allow(missing_docs)]
     pub models: crate::model::ModelArgs,
+    #[command(flatten)]
+    #[allow(missing_docs)]
+    pub upstream: crate::upstream::UpstreamArgs,
 }
 
 /// Where call and task files go.
@@ -261,6 +270,16 @@ pub fn allowed_origins(list: &[String]) -> Vec<String> {
 }
 
 impl ServeArgs {
+    /// This replica's name: `--pod-name`, else the host name.
+    pub fn replica(&self) -> String {
+        self.pod_name
+            .clone()
+            .filter(|n| !n.trim().is_empty())
+            .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "gateway".into())
+    }
+
     /// The namespace coding tasks are created in (see `--task-namespace`).
     pub fn task_namespace(&self) -> String {
         if let Some(ns) = self.task_namespace.as_deref().map(str::trim).filter(|ns| !ns.is_empty()) {
@@ -294,6 +313,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::store::retention::start(store.clone(), args.data.retention_days, background.clone()).await;
     let namespaces = Namespaces::from_list(&args.namespaces);
     let catalog = KubeCatalog::start(client.clone(), &namespaces, background.clone());
+    let replica = args.replica();
+    let upstreams = Upstreams::new(
+        Arc::new(catalog),
+        args.upstream.settings(replica.clone()),
+        Arc::new(StatusPatcher::new(client.clone(), &replica)),
+        Arc::new(SecretCredentials::new(client.clone())),
+        background.clone(),
+    )?;
+    crate::upstream::kube::watch(&client, &namespaces, upstreams.clone(), background.clone());
     let pool = PoolClient::new(Duration::from_secs(5))?;
     let executor = KubeExecutor::start(
         client.clone(),
@@ -354,7 +382,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     tracing::info!(namespace = %task_namespace, "coding tasks are created in this namespace");
     let backends = Backends {
-        catalog: Arc::new(catalog),
+        catalog: Arc::new(upstreams.clone()),
         executor,
         store,
         authorizer,
@@ -408,6 +436,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let result = crate::server::serve(listeners, &server, tokens).await;
     flushed.flush().await;
     background.cancel();
+    upstreams.withdraw_all().await;
     telemetry.shutdown();
     result
 }

@@ -24,6 +24,7 @@ pub mod local;
 pub mod model_server;
 pub mod s3;
 pub mod traces;
+pub mod upstream;
 
 /// A static-token user of the test cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

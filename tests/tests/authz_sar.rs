@@ -6,6 +6,7 @@
 mod auth_support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use auth_support::rbac::{self, Ask, subject};
 use toolyard_gateway::Identity;
@@ -210,4 +211,53 @@ async fn a_failing_review_denies_and_is_not_cached() {
     assert_eq!(metrics.review_errors.get(), 2);
     assert!(!authz.can_call(&admin, &tool(&ns, "x")).await.expect("decision"));
     assert_eq!(authz.reviews_sent(), 3, "errors are not cached");
+}
+
+/// A tool of McpServer `server` whose name on that server is `upstream_name`.
+fn upstream_tool(namespace: &str, server: &str, upstream_name: &str) -> Tool {
+    let link = toolyard_gateway::upstream::link::Link::new(format!("{namespace}/{server}"), Duration::from_secs(5));
+    let upstream = toolyard_gateway::catalog::Upstream { tool: upstream_name.to_owned(), executor: Arc::new(link) };
+    tool(namespace, server).with_upstream(upstream)
+}
+
+#[tokio::test]
+async fn upstream_tools_are_granted_by_server_or_by_server_and_tool() {
+    let env = TestEnv::get();
+    let ns = env.namespace("authz-upstream").await.expect("namespace");
+    // alice: every tool of market-data; bob: its get_quote only; carol: all McpTools, no server.
+    rbac::namespace_grant(
+        &ns,
+        "md-all",
+        GROUP,
+        "mcpservers",
+        &["call"],
+        &["market-data"],
+        vec![subject("User", "alice")],
+    )
+    .await;
+    rbac::namespace_grant(
+        &ns,
+        "md-quote",
+        GROUP,
+        "mcpservers",
+        &["call"],
+        &["market-data/get_quote"],
+        vec![subject("User", "bob")],
+    )
+    .await;
+    rbac::namespace_grant(&ns, "tools", GROUP, "mcptools", &["call"], &[], vec![subject("User", "carol")]).await;
+    rbac::wait_for(Ask::new("bob", &[], &ns, GROUP, "mcpservers", "call").named("market-data/get_quote"), true).await;
+    rbac::wait_for(Ask::new("alice", &[], &ns, GROUP, "mcpservers", "call").named("market-data"), true).await;
+    rbac::wait_for(call_all("carol", &[], &ns), true).await;
+    let authz = authorizer().await;
+    let quote = upstream_tool(&ns, "market-data", "get_quote");
+    let history = upstream_tool(&ns, "market-data", "get_history");
+    let other = upstream_tool(&ns, "research", "search");
+    let decide = async |user: &str, t: &Tool| authz.can_call(&kube_user(user, &[]), t).await.expect("decision");
+    assert!(decide("alice", &quote).await && decide("alice", &history).await);
+    assert!(!decide("alice", &other).await, "another server is not granted");
+    assert!(decide("bob", &quote).await);
+    assert!(!decide("bob", &history).await, "a grant of one tool is not one of the server");
+    assert!(!decide("carol", &quote).await, "McpTools grants do not cover servers' tools");
+    assert!(decide("carol", &tool(&ns, "x")).await);
 }

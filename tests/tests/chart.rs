@@ -398,7 +398,8 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     leases.delete(&own, &DeleteParams::default()).await.expect("and deletes it");
 
     // The gateway's RBAC, as installed: what it needs and nothing else (no Jobs, no pods, no
-    // Secrets but the API key Secret, no writes to McpTools, deletes of runs only).
+    // Secrets but the API key Secret (and, when listed, upstream credentials), no writes to
+    // McpTools or McpServers but their status, deletes of runs only).
     let gateway_user = format!("system:serviceaccount:{release_ns}:{release}-toolyard-gateway");
     let (tc, ct, mt) = ("toolcalls", "codingtasks", "mcptools");
     for (ns, verb, group, resource, name, expected) in [
@@ -408,6 +409,9 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
         (&served, "get", "toolyard.dev", ct, "", true),
         (&served, "watch", "toolyard.dev", ct, "", true),
         (&served, "patch", "toolyard.dev", "codingtasks/status", "", true),
+        (&served, "watch", "toolyard.dev", "mcpservers", "", true),
+        (&served, "patch", "toolyard.dev", "mcpservers/status", "", true),
+        (&served, "patch", "toolyard.dev", "mcpservers", "", false),
         (&release_ns, "get", "", "secrets", "toolyard-api-keys", true),
         (&String::new(), "create", "authentication.k8s.io", "tokenreviews", "", true),
         (&String::new(), "create", "authorization.k8s.io", "subjectaccessreviews", "", true),

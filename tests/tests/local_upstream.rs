@@ -4,8 +4,6 @@
 
 mod local_support;
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -22,47 +20,10 @@ use serde_json::{Value, json};
 use toolyard_api::mcpserver::ConnectionState;
 use toolyard_gateway::local::LocalGateway;
 use toolyard_gateway::serve::DataArgs;
-use toolyard_tests::local::{self, TempDir};
-use toolyard_tests::repo_path;
+use toolyard_tests::local::TempDir;
+use toolyard_tests::upstream::{UpstreamServer, free_port};
 
 const TOKEN: &str = "ty_local-upstream-test-token-01";
-
-/// The fixture server on `port`, killed when dropped.
-struct UpstreamServer {
-    child: Child,
-}
-
-impl UpstreamServer {
-    fn start(port: u16, markers: &Path) -> Self {
-        let child = Command::new(local::python())
-            .arg(repo_path("tests/fixtures/python/upstream_server.py"))
-            .arg(port.to_string())
-            .arg(markers)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the fixture server starts");
-        let server = Self { child };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the fixture server does not listen on {port}");
-    }
-}
-
-impl Drop for UpstreamServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
-}
 
 /// A client that counts progress notifications (and, through its subscription,
 /// `tools/list_changed`).

@@ -7,14 +7,25 @@
 {{- end }}
 
 {{/*
-What the gateway may do in a namespace it serves: read McpTools, create and follow the runs
-it starts for callers, and record results in their status. It never reads Secrets of the
-namespace and never touches Jobs or pods.
+What the gateway may do in a namespace it serves: read McpTools and McpServers, create and
+follow the runs it starts for callers, record results in their status and its own
+connection in McpServers' status. It reads no Secret of the namespace but those listed in
+gateway.upstreamCredentialSecrets (and sends one to a server only if it is labelled for
+it), and never touches Jobs or pods.
 */}}
 {{- define "toolyard.gateway.rules" -}}
 - apiGroups: ["toolyard.dev"]
-  resources: ["mcptools"]
+  resources: ["mcptools", "mcpservers"]
   verbs: ["get", "list", "watch"]
+- apiGroups: ["toolyard.dev"]
+  resources: ["mcpservers/status"]
+  verbs: ["patch"]
+{{- with .Values.gateway.upstreamCredentialSecrets }}
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: {{ toJson . }}
+  verbs: ["get"]
+{{- end }}
 - apiGroups: ["toolyard.dev"]
   resources: ["toolcalls", "codingtasks"]
   # delete: a user's delete_call and delete_task (of their own finished runs).

@@ -5,7 +5,8 @@
 //!   - users: [alice]        # and/or groups: [quants]; "*" = every authenticated identity
 //!     issuers: [apikey]     # whose identities: apikey (the default), kubernetes, an OIDC
 //!                           # issuer URL, anonymous; "*" = any issuer
-//!     tools: ["*"]          # MCP tool names or McpTool object names; "*" = all
+//!     tools: ["*"]          # MCP tool names, McpTool object names or McpServer names
+//!                           # (all of its tools); "*" = all
 //!     codingTasks: true     # may start coding tasks (default false)
 //!     modelProfiles: [default]  # with codingTasks: the model profiles its tasks may use
 //!                           # (default: every profile)

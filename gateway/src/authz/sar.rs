@@ -2,6 +2,9 @@
 //!
 //! - list/call a tool: verb `call` on `mcptools.toolyard.dev`, `resourceName` = the
 //!   McpTool's object name, in the tool's namespace;
+//! - list/call a tool of an upstream MCP server: verb `call` on `mcpservers.toolyard.dev` in
+//!   the McpServer's namespace, `resourceName` = the McpServer's name (all its tools) or
+//!   `<McpServer name>/<the tool's name on that server>` (that tool only);
 //! - start a coding task: verb `create` on `codingtasks.toolyard.dev` in the namespace;
 //! - use a model profile for tasks: verb `use` on `modelprofiles.toolyard.dev`,
 //!   `resourceName` = the profile, in the task's namespace (a resource without objects: RBAC
@@ -37,6 +40,8 @@ use crate::identity::Identity;
 pub const API_GROUP: &str = "toolyard.dev";
 /// Resource whose `call` verb gates tools.
 pub const TOOLS_RESOURCE: &str = "mcptools";
+/// Resource whose `call` verb gates the tools of upstream MCP servers.
+pub const SERVERS_RESOURCE: &str = "mcpservers";
 /// Verb to list or call a tool.
 pub const CALL_VERB: &str = "call";
 /// Resource whose `create` verb gates coding tasks.
@@ -222,18 +227,28 @@ impl Inner {
 impl Authorizer for SarAuthorizer {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool> {
         let subject = self.inner.settings.subjects.subject(who);
-        let broad = Question {
-            subject,
-            verb: CALL_VERB,
-            resource: TOOLS_RESOURCE,
-            namespace: tool.namespace.clone(),
-            name: None,
+        // From the broadest grant to the narrowest: the first allow decides.
+        let (resource, names) = match &tool.upstream {
+            None => (TOOLS_RESOURCE, vec![None, Some(tool.object_name.clone())]),
+            Some(upstream) => (
+                SERVERS_RESOURCE,
+                vec![None, Some(tool.object_name.clone()), Some(format!("{}/{}", tool.object_name, upstream.tool))],
+            ),
         };
-        let answer = match self.ask(&broad).await {
-            Some(true) => Some(true),
-            Some(false) => self.ask(&Question { name: Some(tool.object_name.clone()), ..broad }).await,
-            None => None,
-        };
+        let mut answer = Some(false);
+        for name in names {
+            let question = Question {
+                subject: subject.clone(),
+                verb: CALL_VERB,
+                resource,
+                namespace: tool.namespace.clone(),
+                name,
+            };
+            answer = self.ask(&question).await;
+            if answer != Some(false) {
+                break;
+            }
+        }
         Ok(self.record("call", answer))
     }
 

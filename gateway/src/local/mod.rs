@@ -42,8 +42,7 @@ use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
 use crate::state::{Settings, loopback_hosts};
 use crate::store::fs::{Durability, FsStore};
 use crate::tasks::local::{LocalTaskBackend, LocalTaskSettings, LocalTasks};
-use crate::upstream::link::Endpoint;
-use crate::upstream::{LogStatus, ServerConfig, Upstreams};
+use crate::upstream::{LogStatus, NoCredentials, ServerConfig, Upstreams};
 use setup::DataDirLock;
 use workers::WarmPools;
 
@@ -312,6 +311,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         catalog.clone(),
         args.upstream.settings("local".into()),
         Arc::new(LogStatus),
+        Arc::new(NoCredentials),
         background.clone(),
     )?;
     upstreams.apply(
@@ -323,7 +323,6 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
                 name: s.name.clone(),
                 generation: 1,
                 spec: s.spec.clone(),
-                endpoint: Endpoint { url: s.spec.url.clone(), credential: None },
             })
             .collect(),
     );

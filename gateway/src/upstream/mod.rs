@@ -14,6 +14,7 @@
 //! Each state change is reported through a [`StatusSink`] (the McpServer's status on
 //! Kubernetes, the log locally).
 
+pub mod kube;
 pub mod link;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,9 +22,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use http::{HeaderName, HeaderValue};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::mcpserver::{Connection as ConnectionStatus, ConnectionState, McpServerSpec};
+use toolyard_api::mcpserver::{Connection as ConnectionStatus, ConnectionState, McpServerSpec, UpstreamAuth};
 use toolyard_api::mcptool::{Execution, ExecutionMode, McpToolSpec, RESERVED_TOOL_NAMES, Runtime, ToolAnnotations};
 
 use self::link::{Connection, Endpoint, Link};
@@ -46,8 +48,6 @@ pub struct ServerConfig {
     pub generation: i64,
     /// Its spec.
     pub spec: McpServerSpec,
-    /// Where to connect, with the credential read from its Secret.
-    pub endpoint: Endpoint,
 }
 
 impl ServerConfig {
@@ -67,6 +67,46 @@ type Key = (String, String);
 pub trait StatusSink: Send + Sync + 'static {
     /// This replica's connection to server `name` in `namespace` is now `connection`.
     async fn report(&self, namespace: &str, name: &str, connection: &ConnectionStatus);
+
+    /// This replica stops: its connection to server `name` is no longer reported.
+    async fn withdraw(&self, namespace: &str, name: &str) {
+        let _ = (namespace, name);
+    }
+}
+
+/// Where the credentials of servers with `auth` come from (read at each connection attempt,
+/// so a changed Secret is used from the next one on).
+#[async_trait]
+pub trait Credentials: Send + Sync + 'static {
+    /// The header to send to server `server` of `namespace`, as `auth` says.
+    async fn header(
+        &self,
+        namespace: &str,
+        server: &str,
+        auth: &UpstreamAuth,
+    ) -> Result<(HeaderName, HeaderValue), String>;
+}
+
+/// No credentials (local mode, where manifests with `auth` are refused when loaded).
+#[derive(Debug, Default)]
+pub struct NoCredentials;
+
+#[async_trait]
+impl Credentials for NoCredentials {
+    async fn header(&self, _: &str, _: &str, _: &UpstreamAuth) -> Result<(HeaderName, HeaderValue), String> {
+        Err("credentials from Secrets are not available in local mode".into())
+    }
+}
+
+/// `<header>: <scheme> <value>` (`<value>` alone with an empty scheme), never logged.
+pub fn credential_header(auth: &UpstreamAuth, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let name =
+        HeaderName::try_from(auth.header.as_str()).map_err(|_| format!("{:?} is not a header name", auth.header))?;
+    let value = value.trim();
+    let text = if auth.scheme.is_empty() { value.to_owned() } else { format!("{} {value}", auth.scheme) };
+    let mut value = HeaderValue::try_from(text).map_err(|_| "the credential is not a valid header value".to_owned())?;
+    value.set_sensitive(true);
+    Ok((name, value))
 }
 
 /// Reports connection changes in the log (local mode).
@@ -156,6 +196,7 @@ struct Inner {
     settings: UpstreamSettings,
     http: reqwest::Client,
     sink: Arc<dyn StatusSink>,
+    credentials: Arc<dyn Credentials>,
     servers: Mutex<BTreeMap<Key, Server>>,
     tools: RwLock<Arc<Vec<Arc<Tool>>>>,
     version: watch::Sender<u64>,
@@ -175,12 +216,14 @@ impl std::fmt::Debug for Upstreams {
 }
 
 impl Upstreams {
-    /// The catalog over `functions`, with no server yet ([`Upstreams::apply`] sets them).
-    /// Its tasks stop with `background`.
+    /// The catalog over `functions`, with no server yet ([`Upstreams::apply`] sets them);
+    /// connection states go to `sink`, credentials come from `credentials`. Its tasks stop
+    /// with `background`.
     pub fn new(
         functions: Arc<dyn ToolCatalog>,
         settings: UpstreamSettings,
         sink: Arc<dyn StatusSink>,
+        credentials: Arc<dyn Credentials>,
         background: CancellationToken,
     ) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
@@ -193,6 +236,7 @@ impl Upstreams {
                 settings,
                 http,
                 sink,
+                credentials,
                 servers: Mutex::default(),
                 tools: RwLock::default(),
                 version: watch::Sender::new(1),
@@ -240,6 +284,18 @@ impl Upstreams {
         drop(servers);
         if changed {
             self.rebuild();
+        }
+    }
+
+    /// Closes every connection and withdraws this replica's status entries (at shutdown).
+    pub async fn withdraw_all(&self) {
+        let keys: Vec<Key> = {
+            let mut servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
+            servers.values().for_each(|s| s.stop.cancel());
+            std::mem::take(&mut *servers).into_keys().collect()
+        };
+        for (namespace, name) in keys {
+            self.inner.sink.withdraw(&namespace, &name).await;
         }
     }
 
@@ -454,12 +510,20 @@ impl ServerTask {
 
     /// Connects, serves the server's tools while it answers, and returns why it stopped.
     async fn connected_session(&self, key: &Key, settings: &UpstreamSettings) -> String {
-        let http = self.upstreams.inner.http.clone();
-        let connection = match Connection::open(&self.config.endpoint, http, settings.connect_timeout, &self.link).await
-        {
-            Ok(c) => c,
-            Err(e) => return e,
+        let inner = &self.upstreams.inner;
+        let credential = match &self.config.spec.auth {
+            Some(auth) => match inner.credentials.header(&self.config.namespace, &self.config.name, auth).await {
+                Ok(header) => Some(header),
+                Err(e) => return e,
+            },
+            None => None,
         };
+        let endpoint = Endpoint { url: self.config.spec.url.clone(), credential };
+        let connection =
+            match Connection::open(&endpoint, inner.http.clone(), settings.connect_timeout, &self.link).await {
+                Ok(c) => c,
+                Err(e) => return e,
+            };
         let error = self.serve(&connection, key, settings).await;
         self.link.set_peer(None);
         connection.close().await;
@@ -513,5 +577,18 @@ mod tests {
         assert_eq!(served_name("md_", "get-quote"), "md_get_quote");
         assert_eq!(served_name("everything_", "echo"), "everything_echo");
         assert_eq!(served_name("x_", "a.b/c"), "x_a_b_c");
+    }
+
+    #[test]
+    fn credentials_become_one_sensitive_header() {
+        let auth: UpstreamAuth =
+            serde_json::from_value(serde_json::json!({"secretKeyRef": {"name": "s", "key": "k"}})).unwrap();
+        let (name, value) = credential_header(&auth, "tok-123\n").unwrap();
+        assert_eq!((name.as_str(), value.to_str().unwrap()), ("authorization", "Bearer tok-123"));
+        assert!(value.is_sensitive());
+        let raw = UpstreamAuth { header: "X-Api-Key".into(), scheme: String::new(), ..auth };
+        let (name, value) = credential_header(&raw, "k").unwrap();
+        assert_eq!((name.as_str(), value.to_str().unwrap()), ("x-api-key", "k"));
+        assert!(credential_header(&raw, "bad\u{7f}value").is_err());
     }
 }

@@ -46,6 +46,8 @@ use toolyard_gateway::state::{AppState, Settings};
 use toolyard_gateway::store::ArtifactStore;
 use toolyard_gateway::store::s3::S3Store;
 use toolyard_gateway::tasks::kube::KubeTasks;
+use toolyard_gateway::upstream::kube::{SecretCredentials, StatusPatcher};
+use toolyard_gateway::upstream::{UpstreamArgs, Upstreams};
 use toolyard_tests::{TestEnv, User, wait_until};
 
 /// A fixed runner token key for the tests.
@@ -74,6 +76,14 @@ pub fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
         resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
         verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
         ..Default::default()
+    }
+}
+
+/// [`rule`] for the objects `names` only.
+pub fn named_rule(groups: &[&str], resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
+    PolicyRule {
+        resource_names: Some(names.iter().map(|s| (*s).to_owned()).collect()),
+        ..rule(groups, resources, verbs)
     }
 }
 
@@ -189,7 +199,9 @@ pub async fn grant_platform(ns: &str) {
         ns,
         "toolyard-gateway",
         vec![
-            rule(&["toolyard.dev"], &["mcptools"], &["get", "list", "watch"]),
+            rule(&["toolyard.dev"], &["mcptools", "mcpservers"], &["get", "list", "watch"]),
+            rule(&["toolyard.dev"], &["mcpservers/status"], &["patch"]),
+            named_rule(&[""], &["secrets"], &["get"], &[UPSTREAM_SECRET]),
             rule(&["toolyard.dev"], &["toolcalls"], &["create", "get", "list", "watch", "patch", "delete"]),
             rule(&["toolyard.dev"], &["toolcalls/status"], &["patch"]),
             rule(&["toolyard.dev"], &["codingtasks"], &["create", "get", "list", "watch", "patch", "delete"]),
@@ -343,8 +355,16 @@ pub struct Gateway {
     pub tokens: ShutdownTokens,
     /// The server task.
     pub server: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// The catalog served, with its McpServer connections.
+    pub upstreams: Upstreams,
     background: CancellationToken,
 }
+
+/// The replica name the test gateway writes McpServer statuses as.
+pub const REPLICA: &str = "test-replica";
+
+/// The Secret a test McpServer may take its credential from (the gateway may read it).
+pub const UPSTREAM_SECRET: &str = "upstream-token";
 
 impl Drop for Gateway {
     fn drop(&mut self) {
@@ -388,6 +408,17 @@ impl Gateway {
         let tokens = ShutdownTokens::default();
         let ns = Namespaces::Only(namespaces.to_vec());
         let catalog = KubeCatalog::start(client.clone(), &ns, background.clone());
+        // McpServers are pinged every second and given two seconds to answer.
+        let upstream_args = UpstreamArgs { upstream_ping_seconds: 1, upstream_connect_timeout_seconds: 2 };
+        let upstreams = Upstreams::new(
+            Arc::new(catalog.clone()),
+            upstream_args.settings(REPLICA.into()),
+            Arc::new(StatusPatcher::new(client.clone(), REPLICA)),
+            Arc::new(SecretCredentials::new(client.clone())),
+            background.clone(),
+        )
+        .expect("upstreams");
+        toolyard_gateway::upstream::kube::watch(&client, &ns, upstreams.clone(), background.clone());
         let executor = KubeExecutor::start(
             client.clone(),
             store.clone(),
@@ -432,7 +463,7 @@ impl Gateway {
         let models =
             ModelProxy::new(Arc::new(profiles), ProxySettings::default(), ModelMetrics::new()).expect("model proxy");
         let backends = Backends {
-            catalog: Arc::new(catalog.clone()),
+            catalog: Arc::new(upstreams.clone()),
             executor: Arc::new(executor),
             store: store.clone(),
             authorizer: Arc::new(authorizer),
@@ -476,6 +507,7 @@ impl Gateway {
             store,
             tokens,
             server: Some(server),
+            upstreams,
             background,
         }
     }

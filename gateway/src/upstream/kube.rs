@@ -1,0 +1,161 @@
+//! McpServer objects on Kubernetes: a watch per served namespace feeding [`Upstreams`], the
+//! servers' credentials from Secrets labelled for them, and this replica's connection in each
+//! object's `status.connections` (server-side apply, one field manager per replica, so
+//! replicas never overwrite each other's entry).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector::ObjectRef};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection as ConnectionStatus, UpstreamAuth};
+use toolyard_api::{API_VERSION, GATEWAY_MANAGER, McpServer};
+
+use super::{Credentials, ServerConfig, StatusSink, Upstreams, credential_header};
+use crate::catalog::kube::Namespaces;
+
+/// Limit of one status write or Secret read.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Watches the McpServers of `namespaces` and keeps `upstreams` connected to exactly them,
+/// until `shutdown` fires.
+pub fn watch(client: &Client, namespaces: &Namespaces, upstreams: Upstreams, shutdown: CancellationToken) {
+    let apis: Vec<Api<McpServer>> = namespaces.apis(client);
+    let mut stores: Vec<Store<McpServer>> = Vec::new();
+    let mut streams = Vec::new();
+    for api in apis {
+        let (reader, writer) = reflector::store();
+        stores.push(reader);
+        streams.push(watcher(api, watcher::Config::default()).default_backoff().reflect(writer).boxed());
+    }
+    let mut events = futures::stream::select_all(streams);
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "watching McpServers failed; retrying"),
+                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+                Some(Ok(_)) => upstreams.apply(configs(&stores)),
+            }
+        }
+    });
+}
+
+fn configs(stores: &[Store<McpServer>]) -> Vec<ServerConfig> {
+    stores
+        .iter()
+        .flat_map(Store::state)
+        .map(|server| ServerConfig {
+            namespace: server.namespace().unwrap_or_default(),
+            name: server.name_any(),
+            generation: server.metadata.generation.unwrap_or_default(),
+            spec: server.spec.clone(),
+        })
+        .collect()
+}
+
+/// Credentials from a key of a Secret in the McpServer's namespace, used only when the
+/// Secret is labelled `toolyard.dev/mcp-server: <the McpServer's name>`.
+#[derive(Clone)]
+pub struct SecretCredentials {
+    client: Client,
+}
+
+impl SecretCredentials {
+    /// Reads Secrets with `client` (which may `get` them).
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait::async_trait]
+impl Credentials for SecretCredentials {
+    async fn header(
+        &self,
+        namespace: &str,
+        server: &str,
+        auth: &UpstreamAuth,
+    ) -> Result<(http::HeaderName, http::HeaderValue), String> {
+        let name = &auth.secret_key_ref.name;
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let secret = match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
+            Ok(Ok(Some(secret))) => secret,
+            Ok(Ok(None)) => return Err(format!("the Secret {name:?} (spec.auth.secretKeyRef) does not exist")),
+            Ok(Err(kube::Error::Api(e))) if e.code == 403 => {
+                return Err(format!(
+                    "the gateway may not read the Secret {name:?}: add it to the chart's \
+                     gateway.upstreamCredentialSecrets"
+                ));
+            }
+            Ok(Err(e)) => return Err(format!("reading the Secret {name:?} failed: {e}")),
+            Err(_) => return Err(format!("reading the Secret {name:?} timed out")),
+        };
+        if secret.labels().get(CREDENTIAL_LABEL).map(String::as_str) != Some(server) {
+            return Err(format!(
+                "the Secret {name:?} is not labelled {CREDENTIAL_LABEL}={server}: label it to let the gateway send \
+                 it to this server"
+            ));
+        }
+        let key = &auth.secret_key_ref.key;
+        let value = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(key))
+            .ok_or_else(|| format!("the Secret {name:?} has no key {key:?}"))?;
+        let value =
+            std::str::from_utf8(&value.0).map_err(|_| format!("the key {key:?} of the Secret {name:?} is not text"))?;
+        credential_header(auth, value)
+    }
+}
+
+/// Writes this replica's connection into each McpServer's `status.connections`.
+#[derive(Clone)]
+pub struct StatusPatcher {
+    client: Client,
+    manager: String,
+}
+
+impl StatusPatcher {
+    /// Writes as replica `replica` with `client` (which may patch `mcpservers/status`).
+    pub fn new(client: Client, replica: &str) -> Self {
+        let manager: String = format!("{GATEWAY_MANAGER}/{replica}").chars().take(128).collect();
+        Self { client, manager }
+    }
+
+    async fn apply(&self, namespace: &str, name: &str, status: serde_json::Value) {
+        let api: Api<McpServer> = Api::namespaced(self.client.clone(), namespace);
+        let patch = json!({"apiVersion": API_VERSION, "kind": "McpServer", "status": status});
+        let params = PatchParams::apply(&self.manager).force();
+        match tokio::time::timeout(API_TIMEOUT, api.patch_status(name, &params, &Patch::Apply(&patch))).await {
+            Ok(Ok(_)) => {}
+            // Deleted meanwhile: nothing to report on.
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => {}
+            Ok(Err(e)) => {
+                tracing::warn!(server = %ObjectRef::<McpServer>::new(name).within(namespace), error = %e, "writing the McpServer status failed")
+            }
+            Err(_) => tracing::warn!(server = name, namespace, "writing the McpServer status timed out"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl StatusSink for StatusPatcher {
+    async fn report(&self, namespace: &str, name: &str, connection: &ConnectionStatus) {
+        self.apply(namespace, name, json!({"connections": [connection]})).await;
+    }
+
+    async fn withdraw(&self, namespace: &str, name: &str) {
+        // Fields this manager owned and no longer applies are removed: its entry goes.
+        self.apply(namespace, name, json!({})).await;
+    }
+}

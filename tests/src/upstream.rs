@@ -1,0 +1,54 @@
+//! The upstream MCP server fixture (`tests/fixtures/python/upstream_server.py`, on the
+//! official Python SDK) as a process of the test.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::repo_path;
+
+/// The fixture server on a loopback port, killed when dropped.
+#[derive(Debug)]
+pub struct UpstreamServer {
+    child: Child,
+}
+
+impl UpstreamServer {
+    /// Starts it on `port`, writing its markers (`cancelled`) into `markers`; returns once it
+    /// listens.
+    pub fn start(port: u16, markers: &Path) -> Self {
+        let child = Command::new(crate::local::python())
+            .arg(repo_path("tests/fixtures/python/upstream_server.py"))
+            .arg(port.to_string())
+            .arg(markers)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the fixture server starts");
+        let server = Self { child };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the fixture server does not listen on {port}");
+    }
+
+    /// Its MCP URL when started on `port`.
+    pub fn url(port: u16) -> String {
+        format!("http://127.0.0.1:{port}/mcp")
+    }
+}
+
+impl Drop for UpstreamServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port free right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
+}

@@ -1,0 +1,157 @@
+//! Upstream MCP servers on the real apiserver: McpServer objects watched by the gateway, the
+//! credential from a Secret labelled for the server (and from no other), RBAC on
+//! `mcpservers` deciding who sees the tools, and this replica's connection in the object's
+//! status, through a server that goes away and comes back. The upstream is the official
+//! Python SDK's server (`tests/fixtures/python/upstream_server.py`).
+
+mod gateway_support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use gateway_support::{
+    Gateway, Options, REPLICA, UPSTREAM_SECRET, apply_role, grant_platform, named_rule, user_subject,
+};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+use toolyard_api::McpServer;
+use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection, ConnectionState};
+use toolyard_tests::local::TempDir;
+use toolyard_tests::upstream::{UpstreamServer, free_port};
+use toolyard_tests::{TestEnv, User, wait_until};
+
+const CREDENTIAL: &str = "upstream-s3cret-0001";
+
+async fn create_server(ns: &str, name: &str, port: u16, with_auth: bool) {
+    let admin = TestEnv::get().client(User::Admin).await;
+    let mut spec = json!({"url": UpstreamServer::url(port), "reconnectDelaysSeconds": [1, 2, 3], "timeoutSeconds": 20});
+    if with_auth {
+        spec["auth"] = json!({"secretKeyRef": {"name": UPSTREAM_SECRET, "key": "token"}});
+    }
+    let object: McpServer = serde_json::from_value(json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "McpServer", "metadata": {"name": name}, "spec": spec,
+    }))
+    .expect("McpServer");
+    Api::<McpServer>::namespaced(admin, ns).create(&PostParams::default(), &object).await.expect("McpServer created");
+}
+
+/// This replica's connection in the status of McpServer `name`, once `done` holds for it.
+async fn connection(ns: &str, name: &str, what: &str, done: impl Fn(&Connection) -> bool) -> Connection {
+    let api: Api<McpServer> = Api::namespaced(TestEnv::get().client(User::Admin).await, ns);
+    let found = std::sync::Mutex::new(None);
+    wait_until(Duration::from_secs(60), what, || async {
+        let server = api.get(name).await?;
+        let entry = server.status.unwrap_or_default().connections.into_iter().find(|c| c.replica == REPLICA);
+        let matched = entry.filter(|c| done(c));
+        let ok = matched.is_some();
+        *found.lock().expect("lock") = matched;
+        Ok(ok)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    found.into_inner().expect("lock").expect("found")
+}
+
+async fn listed(client: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>) -> Vec<String> {
+    let tools = client.list_all_tools().await.expect("tools/list");
+    let mut names: Vec<String> = tools.into_iter().map(|t| t.name.to_string()).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwup").await.expect("namespace");
+    grant_platform(&ns).await;
+    // alice may use every tool of market-data; bob nothing.
+    apply_role(
+        &ns,
+        "market-data-callers",
+        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["market-data"])],
+        vec![user_subject("alice")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("market-data")).await;
+    let admin = env.client(User::Admin).await;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(UPSTREAM_SECRET.into()),
+            labels: Some(BTreeMap::from([(CREDENTIAL_LABEL.to_owned(), "market-data".to_owned())])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("token".to_owned(), ByteString(CREDENTIAL.as_bytes().to_vec()))])),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(admin, &ns).create(&PostParams::default(), &secret).await.expect("Secret created");
+
+    let markers = TempDir::new("gwup-markers");
+    let port = free_port();
+    let upstream = UpstreamServer::start(port, markers.path());
+    create_server(&ns, "market-data", port, true).await;
+    // The same Secret named by another server: it is not labelled for it, so it is not sent.
+    create_server(&ns, "research", port, true).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+
+    let up = connection(&ns, "market-data", "market-data connected", |c| c.state == ConnectionState::Connected).await;
+    assert_eq!((up.tools, up.failures, up.last_error.as_deref()), (5, 0, None), "{up:?}");
+    let refused =
+        connection(&ns, "research", "research refused its credential", |c| c.state == ConnectionState::Waiting).await;
+    let error = refused.last_error.as_deref().unwrap_or_default();
+    assert!(error.contains("is not labelled toolyard.dev/mcp-server=research"), "{error}");
+    assert!(refused.next_retry.is_some(), "{refused:?}");
+
+    let alice = gw.client(User::Alice).await;
+    let names = listed(&alice).await;
+    assert!(names.contains(&"market_data_get_quote".to_owned()), "{names:?}");
+    assert!(!names.iter().any(|n| n.starts_with("research_")), "research is not connected: {names:?}");
+    let quote = alice
+        .call_tool(
+            CallToolRequestParams::new("market_data_get_quote")
+                .with_arguments(json!({"ticker": "ACME"}).as_object().expect("object").clone()),
+        )
+        .await
+        .expect("call");
+    assert_eq!(quote.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})));
+    // The server sees its own credential, never alice's token.
+    let who = alice.call_tool(CallToolRequestParams::new("market_data_whoami")).await.expect("call");
+    let who = who.structured_content.expect("structured");
+    assert_eq!(who["authorization"], Value::String(format!("Bearer {CREDENTIAL}")), "{who}");
+
+    // bob may not: he sees none of the tools, and a call is answered as for an unknown tool.
+    let bob = gw.client(User::Bob).await;
+    assert!(!listed(&bob).await.iter().any(|n| n.starts_with("market_data_")));
+    let denied = bob.call_tool(CallToolRequestParams::new("market_data_get_quote")).await;
+    assert!(denied.is_err_and(|e| e.to_string().contains("Unknown tool")));
+
+    // Away: the status says so with the next retry, and the tools leave the listing.
+    drop(upstream);
+    let away = connection(&ns, "market-data", "market-data away", |c| c.state == ConnectionState::Waiting).await;
+    assert!(away.failures >= 1 && away.next_retry.is_some() && away.last_error.is_some(), "{away:?}");
+    wait_until(Duration::from_secs(30), "tools gone", || async {
+        Ok(!listed(&alice).await.contains(&"market_data_get_quote".to_owned()))
+    })
+    .await
+    .expect("the tools of a server that is away are not listed");
+    // Back: connected again, tools served again.
+    let _upstream = UpstreamServer::start(port, markers.path());
+    let back = connection(&ns, "market-data", "market-data back", |c| c.state == ConnectionState::Connected).await;
+    assert_eq!((back.failures, back.tools), (0, 5), "{back:?}");
+    wait_until(Duration::from_secs(30), "tools back", || async {
+        Ok(listed(&alice).await.contains(&"market_data_get_quote".to_owned()))
+    })
+    .await
+    .expect("the tools are listed again");
+
+    // A stopping replica withdraws its entry (once its watches stopped, as `serve` does).
+    let upstreams = gw.upstreams.clone();
+    drop(gw);
+    upstreams.withdraw_all().await;
+    let api: Api<McpServer> = Api::namespaced(env.client(User::Admin).await, &ns);
+    let status = api.get("market-data").await.expect("get").status.unwrap_or_default();
+    assert!(status.connections.iter().all(|c| c.replica != REPLICA), "{status:?}");
+}
