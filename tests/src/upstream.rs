@@ -17,10 +17,17 @@ impl UpstreamServer {
     /// Starts it on `port`, writing its markers (`cancelled`) into `markers`; returns once it
     /// listens.
     pub fn start(port: u16, markers: &Path) -> Self {
+        Self::start_as(port, markers, None)
+    }
+
+    /// [`UpstreamServer::start`] misbehaving: `garbage` answers bytes that are not JSON-RPC,
+    /// `silent` never answers.
+    pub fn start_as(port: u16, markers: &Path, mode: Option<&str>) -> Self {
         let child = Command::new(crate::local::python())
             .arg(repo_path("tests/fixtures/python/upstream_server.py"))
             .arg(port.to_string())
             .arg(markers)
+            .args(mode)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -53,12 +53,12 @@ struct Setup {
 
 impl Setup {
     /// The local mode on McpServer manifests for these `(name, port)` servers, pinging them
-    /// every second and reconnecting after 1, 2, then 3 s.
-    async fn start(servers: &[(&str, u16)]) -> Self {
+    /// every second, reconnecting after 1, 2, then 3 s, and giving a call `timeout` seconds.
+    async fn start(servers: &[(&str, u16)], timeout: u32) -> Self {
         let dir = TempDir::new("upstream-manifests");
         for (name, port) in servers {
             let manifest = format!(
-                "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n  reconnectDelaysSeconds: [1, 2, 3]\n  timeoutSeconds: 30\n"
+                "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n  reconnectDelaysSeconds: [1, 2, 3]\n  timeoutSeconds: {timeout}\n"
             );
             std::fs::write(dir.path().join(format!("{name}.yaml")), manifest).expect("manifest written");
         }
@@ -131,7 +131,7 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
     let markers = TempDir::new("upstream-markers");
     let port = free_port();
     let _server = UpstreamServer::start(port, markers.path());
-    let setup = Setup::start(&[("market-data", port)]).await;
+    let setup = Setup::start(&[("market-data", port)], 30).await;
     setup.wait_listed("market_data_get_quote", true).await;
     let names = setup.tool_names().await;
     for tool in ["get_quote", "snapshot", "whoami", "slow", "add_tool"] {
@@ -209,7 +209,7 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
 
     let connections = setup.gateway.upstreams.connections();
     let c = &connections["market-data"];
-    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 6, 0), "{c:?}");
+    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 9, 0), "{c:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -218,7 +218,7 @@ async fn a_server_that_goes_away_is_retried_on_schedule_without_touching_the_oth
     let (port_a, port_b) = (free_port(), free_port());
     let server_a = UpstreamServer::start(port_a, markers.path());
     let _server_b = UpstreamServer::start(port_b, markers.path());
-    let setup = Setup::start(&[("alpha", port_a), ("beta", port_b)]).await;
+    let setup = Setup::start(&[("alpha", port_a), ("beta", port_b)], 30).await;
     setup.wait_listed("alpha_get_quote", true).await;
     setup.wait_listed("beta_get_quote", true).await;
 
@@ -258,4 +258,49 @@ async fn a_server_that_goes_away_is_retried_on_schedule_without_touching_the_oth
     assert_eq!(alpha.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})));
     let c = setup.gateway.upstreams.connections()["alpha"].clone();
     assert_eq!((c.state, c.failures, c.last_error.as_deref()), (ConnectionState::Connected, 0, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn misbehaving_servers_are_timed_out_capped_and_reported_while_the_session_stays_healthy() {
+    let markers = TempDir::new("upstream-markers");
+    let (good, garbage, silent) = (free_port(), free_port(), free_port());
+    let _good = UpstreamServer::start(good, markers.path());
+    let _garbage = UpstreamServer::start_as(garbage, markers.path(), Some("garbage"));
+    let _silent = UpstreamServer::start_as(silent, markers.path(), Some("silent"));
+    let setup = Setup::start(&[("good", good), ("garbage", garbage), ("silent", silent)], 3).await;
+    setup.wait_listed("good_get_quote", true).await;
+
+    // A server answering garbage and one that never answers are reported, with what failed.
+    for name in ["garbage", "silent"] {
+        let mut last = None;
+        for _ in 0..100 {
+            let c = setup.gateway.upstreams.connections()[name].clone();
+            if c.state == ConnectionState::Waiting {
+                last = Some(c);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let c = last.unwrap_or_else(|| panic!("{name} is reported as waiting"));
+        let error = c.last_error.unwrap_or_default();
+        assert!(error.contains("handshake"), "{name}: {error}");
+        assert!(!setup.tool_names().await.iter().any(|n| n.starts_with(&format!("{name}_"))));
+    }
+
+    // A call that never ends is timed out (and the server told to stop).
+    let hung = setup.call("good_hang", json!({})).await;
+    assert_eq!(hung.is_error, Some(true));
+    assert!(text(&hung).contains("did not answer within 3 s"), "{hung:?}");
+    // A flood of notifications is absorbed; the answer still arrives.
+    let flood = setup.call("good_flood", json!({"count": 3000})).await;
+    assert_eq!(text(&flood), "sent 3000");
+    // An answer above the cap is refused with a clear error; the caller's session is unharmed
+    // and the server is served again (over a new connection if the old one broke).
+    let huge = setup.call("good_huge", json!({"megabytes": 50})).await;
+    assert_eq!(huge.is_error, Some(true));
+    assert!(text(&huge).contains("above the 16 MiB limit"), "{huge:?}");
+    setup.wait_listed("good_get_quote", true).await;
+    let ok = setup.call("good_get_quote", json!({"ticker": "ACME"})).await;
+    assert_eq!(ok.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})), "the session is healthy");
+    assert_eq!(setup.gateway.upstreams.connections()["good"].state, ConnectionState::Connected);
 }

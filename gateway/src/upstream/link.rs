@@ -257,6 +257,15 @@ impl Executor for Link {
                     rmcp::ServiceError::McpError(error) => {
                         format!("the MCP server {} refused the call: {}", self.server, error.message)
                     }
+                    rmcp::ServiceError::TransportClosed => {
+                        self.broken.notify_one();
+                        format!(
+                            "the connection to the MCP server {} closed during the call (the server went away, or sent a \
+                             message above the {} MiB limit)",
+                            self.server,
+                            MAX_RESPONSE_BYTES / (1024 * 1024)
+                        )
+                    }
                     _ => {
                         self.broken.notify_one();
                         format!("the MCP server {} failed: {}", self.server, error_chain(&e))
