@@ -3,6 +3,9 @@
 //!
 //! - in Pool mode with process reuse (a warm worker answers over JSON lines),
 //! - in Job mode (a fresh `toolyard-runner call` + Python process per call),
+//! - through an McpServer (the SDK server below as an upstream of the gateway), against the
+//!   same server called directly (the proxy's overhead), and the gateway's memory per
+//!   upstream connection (50 connections against none),
 //!
 //! against the official Python SDK server (MCPServer/FastMCP, stateless JSON) calling the same
 //! function in-process, and against two bare starts of the same interpreter (called directly,
@@ -52,7 +55,7 @@ struct Target {
     name: String,
     url: String,
     token: Option<String>,
-    tool: &'static str,
+    tool: Arc<str>,
     /// The server's process, whose CPU time (and its children's) is measured per cell.
     pid: Option<u32>,
 }
@@ -157,10 +160,10 @@ fn priced(answer: &loadgen::Answer) -> bool {
 }
 
 async fn run_cell(target: &Arc<Target>, clients: usize, seconds: f64) -> Cell {
-    let (endpoint, tool, pid) = (target.endpoint(), target.tool, target.pid);
+    let (endpoint, tool, pid) = (target.endpoint(), target.tool.clone(), target.pid);
     tokio::task::spawn_blocking(move || {
         let before = pid.map(tree_cpu_ms);
-        let measured = loadgen::run(&endpoint, clients, seconds, move |id| call_body(tool, id), priced);
+        let measured = loadgen::run(&endpoint, clients, seconds, move |id| call_body(&tool, id), priced);
         let after = pid.map(tree_cpu_ms);
         let calls = measured.latencies.len().max(1) as f64;
         let (server_cpu_us, children_cpu_us) = match (before, after) {
@@ -270,6 +273,68 @@ fn write_manifests(dir: &Path, slots: usize) {
     std::fs::write(dir.join("tools.yaml"), yaml).expect("write manifests");
 }
 
+/// `count` McpServers (`pricing`, `pricing-1`, ...) of the MCP server at `url`, each held on its
+/// own connection by the gateway.
+fn write_upstreams(dir: &Path, url: &str, count: usize) {
+    let docs: Vec<String> = (0..count)
+        .map(|i| {
+            let name = if i == 0 { "pricing".to_owned() } else { format!("pricing-{i}") };
+            format!(
+                "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec: {{url: \"{url}\", \
+                 reconnectDelaysSeconds: [1]}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("upstreams.yaml"), docs.join("---\n")).expect("write McpServer manifests");
+}
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Memory per upstream connection: the resident memory of a gateway holding `count`
+/// connections (and serving their tools) against one holding none, both idle after a
+/// `tools/list`.
+async fn upstream_memory(dir: &Path, url: &str, python: &Path, count: usize) {
+    let mut rss = Vec::new();
+    for servers in [0, count] {
+        let tools = dir.join(format!("memory-{servers}"));
+        std::fs::create_dir_all(&tools).expect("tools folder");
+        write_manifests(&tools, 1);
+        if servers > 0 {
+            write_upstreams(&tools, url, servers);
+        }
+        let data = dir.join(format!("memory-data-{servers}"));
+        let (gateway, gateway_url) =
+            start_gateway(&local::binary("toolyard-gateway"), &local::binary("toolyard-runner"), &tools, &data, python);
+        let last =
+            if servers > 1 { format!("pricing_{}_price_option", servers - 1) } else { "pricing_price_option".into() };
+        let probe = Arc::new(Target {
+            name: format!("{servers} upstreams"),
+            url: gateway_url,
+            token: Some(TOKEN.into()),
+            tool: if servers > 0 { last.into() } else { "price_option_pool".into() },
+            pid: Some(gateway.0.id()),
+        });
+        wait_ready(&probe).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        rss.push(rss_kib(gateway.0.id()));
+    }
+    println!(
+        "memory: gateway RSS {} KiB with no McpServer, {} KiB with {count} connected: {:.0} KiB per upstream connection",
+        rss[0],
+        rss[1],
+        (rss[1] as f64 - rss[0] as f64) / count as f64
+    );
+}
+
 fn start_gateway(gateway: &Path, runner: &Path, tools: &Path, data: &Path, python: &Path) -> (Killed, String) {
     let mut child = Command::new(gateway)
         .arg("local")
@@ -315,9 +380,9 @@ fn start_sdk_server() -> (Killed, String) {
 
 async fn wait_ready(target: &Target) {
     for _ in 0..600 {
-        let (endpoint, tool) = (target.endpoint(), target.tool);
+        let (endpoint, tool) = (target.endpoint(), target.tool.clone());
         let ready = tokio::task::spawn_blocking(move || {
-            loadgen::Connection::new(endpoint).post(&call_body(tool, 0)).is_ok_and(|a| priced(&a))
+            loadgen::Connection::new(endpoint).post(&call_body(&tool, 0)).is_ok_and(|a| priced(&a))
         });
         if ready.await.expect("probe") {
             return;
@@ -359,31 +424,40 @@ async fn run() {
     if let Some(baseline) = std::env::var_os("TOOLYARD_BENCH_BASELINE_BIN_DIR") {
         return compare_builds(&PathBuf::from(baseline), &tools, &data, &python, &clients, seconds).await;
     }
+    let (sdk_server, sdk_url) = start_sdk_server();
+    // The same SDK server as an upstream MCP server of the gateway (its tools prefixed `pricing_`).
+    write_upstreams(&tools, &sdk_url, 1);
     let (gateway, gateway_url) =
         start_gateway(&local::binary("toolyard-gateway"), &local::binary("toolyard-runner"), &tools, &data, &python);
-    let (sdk_server, sdk_url) = start_sdk_server();
     let pool = Arc::new(Target {
         name: "toolyard local, Pool + reuse".into(),
         url: gateway_url.clone(),
         token: Some(TOKEN.into()),
-        tool: "price_option_pool",
+        tool: "price_option_pool".into(),
         pid: Some(gateway.0.id()),
     });
     let job = Arc::new(Target {
         name: "toolyard local, Job (fresh process)".into(),
+        url: gateway_url.clone(),
+        token: Some(TOKEN.into()),
+        tool: "price_option".into(),
+        pid: Some(gateway.0.id()),
+    });
+    let proxied = Arc::new(Target {
+        name: "toolyard local, the SDK server as an McpServer".into(),
         url: gateway_url,
         token: Some(TOKEN.into()),
-        tool: "price_option",
+        tool: "pricing_price_option".into(),
         pid: Some(gateway.0.id()),
     });
     let sdk = Arc::new(Target {
         name: "Python SDK server (in-process)".into(),
-        url: sdk_url,
+        url: sdk_url.clone(),
         token: None,
-        tool: "price_option",
+        tool: "price_option".into(),
         pid: Some(sdk_server.0.id()),
     });
-    for target in [&pool, &job, &sdk] {
+    for target in [&pool, &job, &proxied, &sdk] {
         wait_ready(target).await;
         run_cell(target, 2, 1.0).await; // warm-up
     }
@@ -408,6 +482,7 @@ async fn run() {
             run_cell(&sdk, n, seconds).await,
             bare_starts(&python, "pass", n, seconds).await,
             bare_starts(&python, BARE_PRICING, n, seconds).await,
+            run_cell(&proxied, n, seconds).await,
         ];
         let names = [
             pool.name.as_str(),
@@ -415,6 +490,7 @@ async fn run() {
             sdk.name.as_str(),
             "bare `python3 -c pass`",
             "bare `python3 -c` price_option, print JSON",
+            proxied.name.as_str(),
         ];
         for (name, cell) in names.iter().zip(&cells) {
             row(name, n, cell);
@@ -422,7 +498,18 @@ async fn run() {
         results.push((n, cells));
     }
     println!();
-    for (n, [pool, job, sdk, pass, priced]) in &results {
+    for (n, [_, _, sdk, _, _, proxied]) in &results {
+        println!(
+            "clients {n}: through the gateway / direct to the SDK server: calls/s = {:.2}x, p50 = {:.2}x (+{:.2} ms); \
+             gateway CPU per proxied call {:.0} µs (the server's own {:.0} µs)",
+            proxied.calls_per_second / sdk.calls_per_second,
+            proxied.p50_ms / sdk.p50_ms,
+            proxied.p50_ms - sdk.p50_ms,
+            proxied.server_cpu_us,
+            sdk.server_cpu_us,
+        );
+    }
+    for (n, [pool, job, sdk, pass, priced, _]) in &results {
         println!(
             "clients {n}: Pool+reuse / SDK server calls/s = {:.2}x (target >= 5x); SDK server / Pool+reuse CPU per \
              call = {:.2}x (target >= 5x; gateway {:.0} + workers {:.0} µs against {:.0} µs); Job p50 / bare \
@@ -436,6 +523,8 @@ async fn run() {
             job.p50_ms / pass.p50_ms,
         );
     }
+    println!();
+    upstream_memory(dir.path(), &sdk_url, &python, 50).await;
 }
 
 /// `TOOLYARD_BENCH_BASELINE_BIN_DIR`: this build's gateway and runner against those in that
@@ -459,7 +548,13 @@ async fn compare_builds(baseline: &Path, tools: &Path, data: &Path, python: &Pat
     );
     for (mode, tool) in [("Pool + reuse", "price_option_pool"), ("Job", "price_option")] {
         let target = |name: String, url: &str, gateway: &Killed| {
-            Arc::new(Target { name, url: url.to_owned(), token: Some(TOKEN.into()), tool, pid: Some(gateway.0.id()) })
+            Arc::new(Target {
+                name,
+                url: url.to_owned(),
+                token: Some(TOKEN.into()),
+                tool: tool.into(),
+                pid: Some(gateway.0.id()),
+            })
         };
         let (base, this) = (
             target(format!("baseline build, {mode}"), &base_url, &base_gateway),

@@ -317,19 +317,19 @@ pub fn passed_on(result: CallToolResult, duration_ms: u64) -> CallResult {
     out
 }
 
-/// `e` and its sources, joined.
+/// What `e` comes down to: its innermost source (e.g. `Connection refused (os error 111)`,
+/// a JSON syntax error), without the transport's wrappers; the whole chain goes to the debug
+/// log.
 fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
+    let mut innermost = e;
+    let mut chain = e.to_string();
+    while let Some(source) = innermost.source() {
+        chain.push_str(": ");
+        chain.push_str(&source.to_string());
+        innermost = source;
     }
-    text
+    tracing::debug!(error = chain, "upstream MCP error");
+    innermost.to_string()
 }
 
 #[cfg(test)]
