@@ -4,7 +4,7 @@
 #   kube-controller-manager, a real node and an S3 server started here), Python tests, chart
 #   checks.
 #
-# It installs what it needs (test cluster binaries, the S3 server, a Python venv) into
+# It installs what it needs (test cluster binaries, the S3 server, a Python venv, Node packages) into
 # $HOME/.cache/toolyard (TOOLYARD_CACHE), skips what is already there, starts the test cluster
 # and stops it on exit. Cargo output goes to $HOME/.cache/toolyard/target (CARGO_TARGET_DIR)
 # so reruns are fast.
@@ -62,7 +62,7 @@ summary() {
   printf '\n==> all tests passed\n' >&2
 }
 
-for tool in cargo python3 go openssl curl; do
+for tool in cargo python3 go openssl curl npm; do
   command -v "$tool" >/dev/null 2>&1 || fail "$tool is required (see docs/testing.md: Prerequisites)"
 done
 
@@ -84,6 +84,21 @@ tools_venv() {
 suite "tools: Python venv with test dependencies" tools_venv
 VENV_OK=$?
 export TOOLYARD_TEST_PYTHON=$VENV/bin/python
+
+# Node 22 and the MCP servers and suites from npm (tests/node/package-lock.json).
+NODE_DIR=$TOOLYARD_CACHE/node
+tools_node() {
+  local lock=tests/node/package-lock.json
+  if [[ ! -d $NODE_DIR/node_modules || ! -f $NODE_DIR/.stamp || $(cat "$NODE_DIR/.stamp") != $(sha256sum "$lock" | cut -c1-64) ]]; then
+    rm -rf "$NODE_DIR"
+    mkdir -p "$NODE_DIR"
+    cp tests/node/package.json "$lock" "$NODE_DIR/"
+    (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error) || fail "npm ci of tests/node failed"
+    sha256sum "$lock" | cut -c1-64 >"$NODE_DIR/.stamp"
+  fi
+}
+suite "tools: Node 22 and MCP servers from npm" tools_node
+export TOOLYARD_TEST_NODE_MODULES=$NODE_DIR/node_modules
 
 # --- Rust build -------------------------------------------------------------------------
 cargo_cache() {

