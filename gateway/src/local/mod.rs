@@ -69,6 +69,11 @@ pub struct LocalArgs {
     /// User name the token authenticates (policy rules and the storage prefix use it).
     #[arg(long, env = "TOOLYARD_LOCAL_USER", default_value = "local")]
     pub user: String,
+    /// Let requests without a token in as the local user, for MCP clients that cannot send
+    /// one. Only with a loopback --listen; any program of any user on this machine can then
+    /// call your tools.
+    #[arg(long, env = "TOOLYARD_LOCAL_ANONYMOUS")]
+    pub anonymous: bool,
     /// Folder for call and task files.
     #[arg(long, env = "TOOLYARD_DATA_DIR", default_value = ".toolyard/data")]
     pub data_dir: PathBuf,
@@ -230,6 +235,9 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
 
     let public_socket = listen(&args.listen, "--listen")?;
     let addr = public_socket.local_addr()?;
+    if args.anonymous && !addr.ip().is_loopback() {
+        bail!("--anonymous lets requests without a token in: use it only with a loopback --listen, not {addr}");
+    }
     let metrics_socket = match args.metrics_listen.as_deref().map(str::trim).filter(|a| !a.is_empty()) {
         Some(metrics_addr) => Some(listen(metrics_addr, "--metrics-listen")?),
         None => None,
@@ -280,8 +288,18 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
 
     let token = fixed_token.unwrap_or_else(|| generate_api_key().0);
     let key_entry = ApiKey::new(args.user.clone(), Vec::new(), &hash_api_key(&token)).map_err(anyhow::Error::msg)?;
-    let chain =
+    let mut chain =
         AuthChain::new(vec![Arc::new(ApiKeyAuthenticator::from_keys(vec![key_entry]))]).with_metrics(auth_metrics);
+    if args.anonymous {
+        tracing::warn!(user = %args.user, "--anonymous: requests without a token act as the local user");
+        let local_user = crate::Identity {
+            issuer: "apikey".into(),
+            user: args.user.clone(),
+            groups: Vec::new(),
+            scopes: Vec::new(),
+        };
+        chain = chain.with_anonymous(local_user);
+    }
     let mut allowed_hosts = loopback_hosts();
     allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
     let metadata = ProtectedResourceMetadata {

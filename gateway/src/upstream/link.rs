@@ -44,8 +44,57 @@ pub struct Endpoint {
 #[derive(Clone)]
 struct Listener {
     info: ClientConfig,
-    progress: Arc<Mutex<HashMap<ProgressToken, ProgressSender>>>,
+    progress: Arc<ProgressRoutes>,
     list_changed: Arc<Notify>,
+}
+
+/// Where each running call's progress goes, by progress token. The server may report before
+/// the call's route is in (it answers fast, and rmcp hands notifications to the handler on
+/// tasks of their own): the latest such early report is kept, for [`EARLY_REPORT_TTL`] and at
+/// most [`MAX_EARLY_REPORTS`] tokens, and handed over when the route comes.
+#[derive(Default)]
+struct ProgressRoutes {
+    slots: Mutex<HashMap<ProgressToken, Slot>>,
+}
+
+enum Slot {
+    Route(ProgressSender),
+    Early(Progress, Instant),
+}
+
+/// How long a report for a call not registered yet is kept.
+const EARLY_REPORT_TTL: Duration = Duration::from_secs(10);
+/// Tokens whose early reports are kept at once (an upstream inventing tokens gets no more).
+const MAX_EARLY_REPORTS: usize = 256;
+
+impl ProgressRoutes {
+    fn report(&self, token: &ProgressToken, progress: Progress) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        match slots.get_mut(token) {
+            Some(Slot::Route(sender)) => {
+                sender.send_replace(Some(progress));
+            }
+            Some(Slot::Early(early, _)) => *early = progress,
+            None => {
+                slots.retain(|_, slot| !matches!(slot, Slot::Early(_, at) if at.elapsed() > EARLY_REPORT_TTL));
+                if slots.len() < MAX_EARLY_REPORTS {
+                    slots.insert(token.clone(), Slot::Early(progress, Instant::now()));
+                }
+            }
+        }
+    }
+
+    fn register(&self, token: ProgressToken, sender: ProgressSender) {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Slot::Early(early, _)) = slots.remove(&token) {
+            sender.send_replace(Some(early));
+        }
+        slots.insert(token, Slot::Route(sender));
+    }
+
+    fn remove(&self, token: &ProgressToken) {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).remove(token);
+    }
 }
 
 impl ClientHandler for Listener {
@@ -57,12 +106,9 @@ impl ClientHandler for Listener {
         // Only reports with a total have a fraction; MCP progress must grow, which the caller's
         // relay makes sure of.
         let Some(total) = params.total.filter(|t| *t > 0.0) else { return };
-        let sender = self.progress.lock().unwrap_or_else(|e| e.into_inner()).get(&params.progress_token).cloned();
-        if let Some(sender) = sender {
-            let message =
-                params.message.map(|m| m.chars().take(toolyard_api::protocol::MAX_PROGRESS_MESSAGE).collect());
-            sender.send_replace(Some(Progress { fraction: (params.progress / total).clamp(0.0, 1.0), message }));
-        }
+        let message = params.message.map(|m| m.chars().take(toolyard_api::protocol::MAX_PROGRESS_MESSAGE).collect());
+        let progress = Progress { fraction: (params.progress / total).clamp(0.0, 1.0), message };
+        self.progress.report(&params.progress_token, progress);
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -142,7 +188,7 @@ pub struct Link {
     server: String,
     timeout: Duration,
     peer: RwLock<Option<Peer<RoleClient>>>,
-    progress: Arc<Mutex<HashMap<ProgressToken, ProgressSender>>>,
+    progress: Arc<ProgressRoutes>,
     /// Told when the server says its tools changed.
     pub list_changed: Arc<Notify>,
     /// Told when a call found the connection broken.
@@ -180,13 +226,13 @@ impl Link {
 
 /// Removes a call's progress route when the call ends.
 struct Route<'a> {
-    routes: &'a Mutex<HashMap<ProgressToken, ProgressSender>>,
+    routes: &'a ProgressRoutes,
     token: ProgressToken,
 }
 
 impl Drop for Route<'_> {
     fn drop(&mut self) {
-        self.routes.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.token);
+        self.routes.remove(&self.token);
     }
 }
 
@@ -229,9 +275,10 @@ impl Executor for Link {
                 ));
             }
         };
-        let _route = request.progress.map(|sender| {
+        let progress = request.progress;
+        let _route = progress.clone().map(|sender| {
             let token = handle.progress_token.clone();
-            self.progress.lock().unwrap_or_else(|e| e.into_inner()).insert(token.clone(), sender);
+            self.progress.register(token.clone(), sender);
             Route { routes: &self.progress, token }
         });
         let id = handle.id.clone();
@@ -286,6 +333,14 @@ impl Executor for Link {
                 ));
             }
         };
+        // The server's last report may come after its answer (rmcp hands notifications over
+        // on tasks of their own): a call that reported progress ends at 100%.
+        if let Some(sender) = progress
+            && result.is_error != Some(true)
+            && sender.borrow().as_ref().is_some_and(|p| p.fraction < 1.0)
+        {
+            sender.send_replace(Some(Progress { fraction: 1.0, message: None }));
+        }
         Ok(passed_on(result, ms()))
     }
 }
@@ -338,6 +393,25 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_report_before_its_route_is_handed_over_and_unknown_tokens_are_bounded() {
+        let routes = ProgressRoutes::default();
+        let token = ProgressToken(rmcp::model::NumberOrString::Number(7));
+        routes.report(&token, Progress { fraction: 0.0, message: None });
+        routes.report(&token, Progress { fraction: 0.25, message: None });
+        let (sender, receiver) = tokio::sync::watch::channel(None);
+        routes.register(token.clone(), sender);
+        assert_eq!(receiver.borrow().as_ref().map(|p| p.fraction), Some(0.25), "the early report is handed over");
+        routes.report(&token, Progress { fraction: 0.5, message: None });
+        assert_eq!(receiver.borrow().as_ref().map(|p| p.fraction), Some(0.5));
+        routes.remove(&token);
+        for n in 0..1000 {
+            let other = ProgressToken(rmcp::model::NumberOrString::Number(1000 + n));
+            routes.report(&other, Progress { fraction: 0.1, message: None });
+        }
+        assert_eq!(routes.slots.lock().unwrap().len(), MAX_EARLY_REPORTS);
+    }
 
     #[test]
     fn answers_keep_their_content_and_say_it_for_other_callers() {

@@ -374,6 +374,11 @@ impl Upstreams {
                 if name.len() > MAX_TOOL_NAME {
                     skipped
                         .push(format!("{}: its name {name:?} is longer than {MAX_TOOL_NAME} characters", listed.name));
+                } else if !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                    skipped.push(format!(
+                        "{}: {name:?} does not start with a letter or '_' (set a toolPrefix)",
+                        listed.name
+                    ));
                 } else if taken.contains(&name) {
                     skipped.push(format!("{}: {name:?} is taken by another tool", listed.name));
                 } else {

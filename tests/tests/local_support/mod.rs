@@ -32,6 +32,7 @@ pub fn args(dir: PathBuf, data: &TempDir, token: &str, max_calls: usize, lifecyc
         token: Some(token.into()),
         token_file: None,
         user: "local".into(),
+        anonymous: false,
         data_dir: data.path().to_owned(),
         policy: None,
         runner: Some(local::binary("toolyard-runner")),
