@@ -20,6 +20,11 @@ pub mod path {
     pub fn tool_call(id: &str, tool: &str) -> String {
         format!("{PREFIX}/tasks/{id}/tools/{tool}/call")
     }
+    /// `POST` a [`super::ToolSearchBody`]: the task's tools matching it, best first →
+    /// `Vec<`[`super::ToolInfo`]`>`.
+    pub fn tool_search(id: &str) -> String {
+        format!("{PREFIX}/tasks/{id}/tools/search")
+    }
     /// `GET`: the artifacts under `outputs/` → `Vec<`[`super::ArtifactEntry`]`>`.
     pub fn outputs(id: &str) -> String {
         format!("{PREFIX}/tasks/{id}/outputs")
@@ -122,6 +127,16 @@ pub struct TaskSpec {
 pub struct ToolCallBody {
     /// Arguments (validated by the gateway against the tool's input schema).
     pub arguments: Map<String, Value>,
+}
+
+/// A tool search of the agent (`POST` [`path::tool_search`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSearchBody {
+    /// Words to look for in the tools' names, titles and descriptions.
+    pub query: String,
+    /// Most tools returned (default 10, at most 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
 
 /// Outcome of a tool call made by the agent.

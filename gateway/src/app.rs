@@ -4,6 +4,7 @@
 //! ```text
 //! /mcp                       all tools the caller may call
 //! /toolsets/{toolset}/mcp    the tools of one toolset
+//! /search/mcp                `tool_search` and `call_tool` over every tool the caller may call
 //! /status                    what the caller's requests meet (authenticated; `toolyard check`)
 //! /healthz /readyz /metrics  ops (no authentication; /metrics only when configured)
 //! ```
@@ -40,6 +41,8 @@ use crate::state::AppState;
 pub const MCP_PATH: &str = "/mcp";
 /// Route template of a toolset endpoint.
 pub const TOOLSET_MCP_PATH: &str = "/toolsets/{toolset}/mcp";
+/// `tool_search` and `call_tool` over every tool the caller may call.
+pub const SEARCH_MCP_PATH: &str = "/search/mcp";
 
 /// Route of the caller's status report.
 pub const STATUS_PATH: &str = "/status";
@@ -76,6 +79,7 @@ pub fn app_with(
     let mcp_router = Router::new()
         .route(MCP_PATH, any(mcp_all))
         .route(TOOLSET_MCP_PATH, any(mcp_toolset))
+        .route(SEARCH_MCP_PATH, any(mcp_search))
         .route(STATUS_PATH, get(status))
         .with_state(routes);
     let ops = if state.settings.metrics_on_public { ops_router(state.clone()) } else { health_router(state.clone()) };
@@ -103,6 +107,10 @@ fn health_router(state: AppState) -> Router {
 
 async fn mcp_all(State(routes): State<Arc<McpRoutes>>, request: Request) -> Response {
     admit(&routes, request, Some(Scope::All)).await
+}
+
+async fn mcp_search(State(routes): State<Arc<McpRoutes>>, request: Request) -> Response {
+    admit(&routes, request, Some(Scope::Search)).await
 }
 
 async fn mcp_toolset(State(routes): State<Arc<McpRoutes>>, Path(toolset): Path<String>, request: Request) -> Response {

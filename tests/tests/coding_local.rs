@@ -254,6 +254,33 @@ async fn pricing_task_computes_saves_and_reads_back_its_scenarios_on_the_embedde
     gateway.stop().await;
 }
 
+/// The agent's `tool_search()` is the gateway's ranking over the task's own tools: a tool
+/// outside the task's selection is never found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_agents_tool_search_ranks_the_tasks_tools_at_the_gateway() {
+    let model = ScriptedModel::start(
+        MODEL_KEY,
+        vec![
+            Turn::code("print([t['name'] for t in tool_search('option greeks')])\nprint(tool_search('quote'))"),
+            Turn::code("final_answer({'task_type': 'answer', 'summary': 'searched'})")
+                .expecting("['calc_greeks', 'price_option']")
+                .expecting("[]"),
+        ],
+    )
+    .await;
+    let data = TempDir::new("coding-local-search");
+    let gateway =
+        LocalGateway::start(&repo_path("examples/pricing"), data.path(), ModelEnv::Scripted(&model), &[]).await;
+    let client = gateway.client().await;
+    let result = run_task(&client, json!({"task": "find the tools", "tools": ["price_option", "calc_greeks"]})).await;
+    if result["status"] != "success" {
+        gateway.dump_log();
+    }
+    assert_eq!(result["status"], "success", "{result}");
+    assert!(model.failures().is_empty(), "{:?}", model.failures());
+    gateway.stop().await;
+}
+
 /// The files a tool returns to a task's call become the task's artifacts (`<call id>/<name>`):
 /// the step's output names each, the code reads them back, and the task's result lists them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -21,6 +21,7 @@ use toolyard_api::mcpserver::ConnectionState;
 use toolyard_gateway::local::LocalGateway;
 use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::local::TempDir;
+use toolyard_tests::repo_path;
 use toolyard_tests::upstream::{EverythingServer, UpstreamServer, free_port};
 
 const TOKEN: &str = "ty_local-upstream-test-token-01";
@@ -55,7 +56,24 @@ impl Setup {
     /// The local mode on McpServer manifests for these `(name, port)` servers, pinging them
     /// every second, reconnecting after 1, 2, then 3 s, and giving a call `timeout` seconds.
     async fn start(servers: &[(&str, u16)], timeout: u32) -> Self {
+        Self::start_with(servers, timeout, false).await
+    }
+
+    /// [`Setup::start`], with the pricing example's functions too when `pricing`.
+    async fn start_with(servers: &[(&str, u16)], timeout: u32, pricing: bool) -> Self {
         let dir = TempDir::new("upstream-manifests");
+        if pricing {
+            let text = std::fs::read_to_string(repo_path("examples/pricing/tools.yaml")).expect("pricing manifests");
+            let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("pricing manifests parse");
+            let docs: Vec<String> = docs
+                .into_iter()
+                .map(|mut d| {
+                    d["spec"]["runtime"]["workingDir"] = json!(repo_path("examples/pricing"));
+                    d.to_string()
+                })
+                .collect();
+            std::fs::write(dir.path().join("pricing.yaml"), docs.join("\n---\n")).expect("manifests written");
+        }
         for (name, port) in servers {
             let manifest = format!(
                 "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n  reconnectDelaysSeconds: [1, 2, 3]\n  timeoutSeconds: {timeout}\n"
@@ -334,4 +352,66 @@ async fn the_reference_server_everything_is_served_through_the_gateway() {
     let done = setup.call("everything_trigger_long_running_operation", json!({"duration": 1, "steps": 4})).await;
     assert!(text(&done).contains("completed"), "{done:?}");
     assert!(setup.counts.progress.load(Ordering::SeqCst) >= before + 2, "progress notifications are passed on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_search_endpoint_finds_and_calls_functions_and_upstream_tools_alike() {
+    let markers = TempDir::new("upstream-markers");
+    let port = free_port();
+    let _server = UpstreamServer::start(port, markers.path());
+    let setup = Setup::start_with(&[("market-data", port)], 30, true).await;
+    setup.wait_listed("market_data_get_quote", true).await;
+
+    let url = setup.gateway.mcp_url().replace("/mcp", "/search/mcp");
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN.to_owned()),
+    );
+    let search = ClientConfig::default()
+        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+        .await
+        .expect("MCP client connects");
+    let mut listed: Vec<String> =
+        search.list_all_tools().await.expect("tools/list").into_iter().map(|t| t.name.to_string()).collect();
+    listed.sort();
+    assert_eq!(listed, ["call_tool", "tool_search"], "the search endpoint lists its two tools only");
+
+    let found = |query: &str| {
+        let params = CallToolRequestParams::new("tool_search")
+            .with_arguments(json!({"query": query}).as_object().expect("object").clone());
+        let search = &search;
+        async move {
+            let r = search.call_tool(params).await.expect("tool_search");
+            let tools = r.structured_content.expect("structured")["tools"].as_array().expect("tools").clone();
+            tools
+        }
+    };
+    let options = found("option price").await;
+    assert_eq!(options[0]["name"], "price_option", "{options:?}");
+    assert_eq!(options[0]["input_schema"]["required"][0], "spot", "schemas come with the results");
+    let quotes = found("market quote").await;
+    assert_eq!(quotes[0]["name"], "market_data_get_quote", "upstream tools are found too: {quotes:?}");
+    assert!(found("no-such-words-anywhere").await.is_empty());
+
+    let call = |name: &str, arguments: Value| {
+        CallToolRequestParams::new("call_tool")
+            .with_arguments(json!({"name": name, "arguments": arguments}).as_object().expect("object").clone())
+    };
+    let priced = search
+        .call_tool(call(
+            "price_option",
+            json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05}),
+        ))
+        .await
+        .expect("call_tool");
+    let price = priced.structured_content.expect("structured")["price"].as_f64().unwrap_or_default();
+    assert!((price - 10.45).abs() < 0.01, "{price}");
+    let quote = search.call_tool(call("market_data_get_quote", json!({"ticker": "ACME"}))).await.expect("call_tool");
+    assert_eq!(quote.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})));
+    let invalid = search.call_tool(call("market_data_get_quote", json!({}))).await.expect("call_tool");
+    assert!(text(&invalid).starts_with("invalid arguments"), "{invalid:?}");
+    let unknown = search.call_tool(call("no_such_tool", json!({}))).await;
+    assert!(unknown.is_err_and(|e| e.to_string().contains("Unknown tool")));
+    // The tools themselves are not callable there by name: only through call_tool.
+    let direct = search.call_tool(CallToolRequestParams::new("market_data_get_quote")).await;
+    assert!(direct.is_err_and(|e| e.to_string().contains("Unknown tool")));
 }

@@ -204,6 +204,7 @@ pub fn router(state: InternalState) -> Router {
         )
         .route(&format!("{PREFIX}/tasks/{{id}}/spec"), get(tasks::spec))
         .route(&format!("{PREFIX}/tasks/{{id}}/tools/{{tool}}/call"), post(tasks::tool_call))
+        .route(&format!("{PREFIX}/tasks/{{id}}/tools/search"), post(tasks::tool_search))
         .route(&format!("{PREFIX}/tasks/{{id}}/outputs"), get(tasks::outputs))
         .route(&format!("{PREFIX}/tasks/{{id}}/actions/{{step}}"), put(tasks::action))
         .route(&format!("{PREFIX}/tasks/{{id}}/tool_calls"), put(tasks::tool_calls))

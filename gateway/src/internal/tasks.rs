@@ -17,7 +17,9 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::agent::{ArtifactEntry, ReturnedFile, TaskResult, TaskSpec, ToolCallBody, ToolOutcome};
+use toolyard_api::agent::{
+    ArtifactEntry, ReturnedFile, TaskResult, TaskSpec, ToolCallBody, ToolOutcome, ToolSearchBody,
+};
 use toolyard_api::protocol::structured_content;
 use toolyard_api::storage::{RelativePath, RunId, TaskFile};
 use toolyard_api::token::RunKind;
@@ -96,6 +98,31 @@ pub async fn spec(State(state): St, claims: RunClaims, Path(id): Path<String>) -
         max_artifact_bytes: state.limits.output_bytes as u64,
         model,
     }))
+}
+
+/// Most tools a search returns.
+const MAX_SEARCH_RESULTS: usize = 50;
+
+/// `POST tasks/{id}/tools/search`: the task's tools matching the query, best first (the
+/// ranking of `tool_search` on MCP, [`crate::core::search`]).
+pub async fn tool_search(
+    State(state): St,
+    claims: RunClaims,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Vec<toolyard_api::agent::ToolInfo>>, ApiError> {
+    let (_, record) = live_task(&state, &claims, &id).await?;
+    let api = api(&state)?;
+    let bytes = read_body(&headers, body, MAX_CALL_BYTES, "the tool search").await?;
+    let search: ToolSearchBody = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not a tool search: {e}")))?;
+    let owner = Identity::from_owner(&claims.0.owner);
+    let allowed = api.calls.access().tools(&owner, &Selection::from(&record.tools)).await?;
+    let limit =
+        search.limit.map_or(10, |l| usize::try_from(l).unwrap_or(MAX_SEARCH_RESULTS)).clamp(1, MAX_SEARCH_RESULTS);
+    let found = crate::core::search::rank(&search.query, allowed);
+    Ok(Json(found.iter().take(limit).map(|t| tools::info(t)).collect()))
 }
 
 /// `POST tasks/{id}/tools/{tool}/call`: one tool call as the task's owner.

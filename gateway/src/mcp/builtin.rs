@@ -4,7 +4,9 @@
 //! `cancel_call` run a long call without holding a request open (for clients without the MCP
 //! tasks extension), `delete_call` deletes a stored call.
 //!
-//! Where they appear: only on `/mcp` (a toolset endpoint serves exactly its toolset's tools).
+//! Where they appear: only on `/mcp` (a toolset endpoint serves exactly its toolset's tools),
+//! but for `/search/mcp`, which serves `tool_search` and `call_tool` alone (every tool the
+//! caller may call, found by words and called by name: for models with small context windows).
 //! The call tools are there for every caller who may call some tool there (or start coding
 //! tasks). The others are the coding-task surface: only on a gateway with a task backend, and only for
 //! callers allowed to start coding tasks (`create codingtasks`, or `codingTasks: true` in
@@ -49,11 +51,14 @@ pub enum Builtin {
     ReadArtifact,
     /// Find tools by words.
     ToolSearch,
+    /// Call any tool by name (`/search/mcp` only).
+    CallTool,
 }
 
 impl Builtin {
     /// Every built-in.
-    pub const ALL: [Builtin; 12] = [
+    pub const ALL: [Builtin; 13] = [
+        Builtin::CallTool,
         Builtin::CancelCall,
         Builtin::CancelTask,
         Builtin::DeleteCall,
@@ -83,12 +88,16 @@ impl Builtin {
             Builtin::ListArtifacts => "list_artifacts",
             Builtin::ReadArtifact => "read_artifact",
             Builtin::ToolSearch => "tool_search",
+            Builtin::CallTool => "call_tool",
         }
     }
 
     /// Whether the built-in belongs to the coding-task surface (see the module docs).
     pub fn is_task_tool(self) -> bool {
-        !matches!(self, Builtin::DeleteCall | Builtin::StartCall | Builtin::GetCallResult | Builtin::CancelCall)
+        !matches!(
+            self,
+            Builtin::DeleteCall | Builtin::StartCall | Builtin::GetCallResult | Builtin::CancelCall | Builtin::CallTool
+        )
     }
 
     /// The built-in called `name`.
@@ -100,20 +109,18 @@ impl Builtin {
     pub fn definition(self) -> McpTool {
         let (title, description, input, output, read_only) = spec(self);
         let input = input.as_object().cloned().unwrap_or_default();
-        let output = output.as_object().cloned().unwrap_or_default();
-        McpTool::new_with_raw(self.name(), Some(description.into()), Arc::new(input))
-            .with_title(title)
-            .with_raw_output_schema(Arc::new(output))
-            .with_annotations(ToolAnnotations::from_raw(
-                None,
-                Some(read_only),
-                Some(matches!(
-                    self,
-                    Builtin::CancelTask | Builtin::DeleteTask | Builtin::DeleteCall | Builtin::CancelCall
-                )),
-                Some(read_only),
-                Some(matches!(self, Builtin::RunCodingTask | Builtin::StartCall)),
-            ))
+        let mut tool = McpTool::new_with_raw(self.name(), Some(description.into()), Arc::new(input)).with_title(title);
+        // `call_tool` answers as the tool it calls: it declares no output schema.
+        if let Some(output) = output.as_object() {
+            tool = tool.with_raw_output_schema(Arc::new(output.clone()));
+        }
+        tool.with_annotations(ToolAnnotations::from_raw(
+            None,
+            Some(read_only),
+            Some(matches!(self, Builtin::CancelTask | Builtin::DeleteTask | Builtin::DeleteCall | Builtin::CancelCall)),
+            Some(read_only),
+            Some(matches!(self, Builtin::RunCodingTask | Builtin::StartCall)),
+        ))
     }
 
     /// Checks arguments against the input schema (same wording as for registered tools).
@@ -335,9 +342,25 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
                 "required": ["content", "encoding", "offset", "next_offset", "size"]}),
             true,
         ),
+        Builtin::CallTool => (
+            "Call a tool",
+            "Calls the tool `name` (as `tool_search` found it) with `arguments`, and answers as that tool does.",
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 256},
+                    "arguments": {"type": "object"}
+                },
+                "required": ["name"],
+                "additionalProperties": false
+            }),
+            Value::Null,
+            false,
+        ),
         Builtin::ToolSearch => (
             "Search tools",
-            "Finds tools you may call whose name, title or description contains every word of `query`.",
+            "Finds the tools you may call by words of their name, title or description, best match first, with \
+             their input schemas.",
             json!({
                 "type": "object",
                 "properties": {
@@ -363,7 +386,9 @@ mod tests {
             assert_eq!(Builtin::from_name(b.name()), Some(b));
             let def = serde_json::to_value(b.definition()).unwrap();
             assert_eq!(def["inputSchema"]["type"], "object", "{b:?}");
-            assert_eq!(def["outputSchema"]["type"], "object", "{b:?}");
+            if b != Builtin::CallTool {
+                assert_eq!(def["outputSchema"]["type"], "object", "{b:?}");
+            }
         }
         assert!(Builtin::from_name("price_option").is_none());
         let args = |v: Value| v.as_object().unwrap().clone();

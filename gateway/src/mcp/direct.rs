@@ -84,7 +84,8 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
     match request.request {
         ClientRequest::ListToolsRequest(list) => Some(Direct::List { id, params: list.params }),
         ClientRequest::CallToolRequest(call)
-            if builtin_of(&scope, &call.params.name).is_none()
+            if scope != Scope::Search
+                && builtin_of(&scope, &call.params.name).is_none()
                 && call.params.input_responses.is_none()
                 && call.params.request_state.is_none() =>
         {

@@ -193,7 +193,11 @@ impl<'a> RequestInfo<'a> {
 /// The built-in a `tools/call` of `name` on `scope` names, if any (built-ins live on `/mcp`
 /// only; on a toolset endpoint the name is looked up in the catalog like any other).
 pub(super) fn builtin_of(scope: &Scope, name: &str) -> Option<Builtin> {
-    if *scope == Scope::All { Builtin::from_name(name) } else { None }
+    match scope {
+        Scope::All => Builtin::from_name(name).filter(|b| *b != Builtin::CallTool),
+        Scope::Search => Builtin::from_name(name).filter(|b| matches!(b, Builtin::ToolSearch | Builtin::CallTool)),
+        Scope::Toolset(_) => None,
+    }
 }
 
 /// The MCP handler. One is cloned per request (the transport is stateless).
@@ -226,12 +230,23 @@ impl McpHandler {
     /// tools for callers allowed to start coding tasks (on a gateway with a task backend), and
     /// `delete_call` for them and for anyone who may call some tool there.
     async fn visible_builtins(&self, who: &Identity, scope: &Scope) -> Result<Vec<Builtin>, ErrorData> {
-        if *scope != Scope::All {
-            return Ok(Vec::new());
+        match scope {
+            Scope::Toolset(_) => Ok(Vec::new()),
+            Scope::Search => Ok(if self.may_call_some_tool(who).await? {
+                vec![Builtin::CallTool, Builtin::ToolSearch]
+            } else {
+                Vec::new()
+            }),
+            Scope::All => {
+                let tasks = self.may_create_tasks(who).await?;
+                let calls = tasks || self.may_call_some_tool(who).await?;
+                Ok(Builtin::ALL
+                    .into_iter()
+                    .filter(|b| *b != Builtin::CallTool)
+                    .filter(|b| if b.is_task_tool() { tasks } else { calls })
+                    .collect())
+            }
         }
-        let tasks = self.may_create_tasks(who).await?;
-        let calls = tasks || self.may_call_some_tool(who).await?;
-        Ok(Builtin::ALL.into_iter().filter(|b| if b.is_task_tool() { tasks } else { calls }).collect())
     }
 
     /// Whether `who` may call at least one registered tool on `/mcp` (so has calls to delete).
@@ -277,7 +292,7 @@ impl McpHandler {
             .catalog
             .tools()
             .into_iter()
-            .filter(|t| selection.contains(t))
+            .filter(|t| scope != Scope::Search && selection.contains(t))
             .filter(|t| scope != Scope::All || Builtin::from_name(t.name()).is_none())
             .map(Entry::Catalog)
             .chain(builtins.into_iter().map(Entry::Builtin))
@@ -337,6 +352,12 @@ impl McpHandler {
             Builtin::ListArtifacts => tools.list_artifacts(&arguments).await.map(Into::into),
             Builtin::ReadArtifact => tools.read_artifact(&arguments).await.map(Into::into),
             Builtin::ToolSearch => tools.tool_search(&arguments).await.map(Into::into),
+            Builtin::CallTool => {
+                let name = arguments.get("name").and_then(Value::as_str).unwrap_or_default().to_owned();
+                let mut call = CallToolRequestParams::new(name);
+                call.arguments = arguments.get("arguments").and_then(Value::as_object).cloned();
+                self.call_registered(call, &RequestInfo::from_context(context)).await.map(Into::into)
+            }
         };
         let outcome = match &result {
             Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => CallOutcome::ToolError,
@@ -360,6 +381,10 @@ impl McpHandler {
                 return Err(errors::unknown_tool(&request.name));
             }
             return self.call_builtin(builtin, who, request, context).await;
+        }
+        // `/search/mcp` serves its two tools only; the others are called through `call_tool`.
+        if scope == Scope::Search {
+            return Err(errors::unknown_tool(&request.name));
         }
         let job = self
             .state

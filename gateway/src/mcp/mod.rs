@@ -47,13 +47,15 @@ pub enum Scope {
     All,
     /// `/toolsets/<name>/mcp`: the tools of one toolset.
     Toolset(String),
+    /// `/search/mcp`: `tool_search` and `call_tool` only, over every tool the caller may call.
+    Search,
 }
 
 impl Scope {
     /// The part of the catalog this endpoint serves.
     pub fn selection(&self) -> Selection {
         match self {
-            Scope::All => Selection::all(),
+            Scope::All | Scope::Search => Selection::all(),
             Scope::Toolset(name) => Selection::toolset(name.clone()),
         }
     }

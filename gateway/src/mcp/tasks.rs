@@ -24,7 +24,7 @@ use toolyard_api::codingtask::{Budgets, ToolSelection};
 use toolyard_api::storage::{self, RunId};
 use tracing::Instrument;
 
-use super::builtin::MAX_CHUNK;
+use super::builtin::{Builtin, MAX_CHUNK};
 use super::errors;
 use crate::core::Selection;
 use crate::executor::Forgotten;
@@ -573,23 +573,12 @@ impl TaskTools<'_> {
         })
     }
 
-    /// `tool_search(query, limit?)` over the tools the caller may call.
+    /// `tool_search(query, limit?)` over the tools the caller may call, best match first
+    /// ([`crate::core::search`]).
     pub async fn tool_search(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
-        let words: Vec<String> = string_arg(args, "query").split_whitespace().map(str::to_lowercase).collect();
         let limit = u64_arg(args, "limit").map_or(10, |l| usize::try_from(l).unwrap_or(50)).clamp(1, 50);
-        let mut candidates: Vec<_> = self
-            .state
-            .catalog
-            .tools()
-            .into_iter()
-            .filter(|t| {
-                let text =
-                    format!("{} {} {}", t.name(), t.spec.title.as_deref().unwrap_or_default(), t.spec.description)
-                        .to_lowercase();
-                words.iter().all(|w| text.contains(w.as_str()))
-            })
-            .collect();
-        candidates.sort_by(|a, b| a.name().cmp(b.name()));
+        let tools = self.state.catalog.tools().into_iter().filter(|t| Builtin::from_name(t.name()).is_none()).collect();
+        let candidates = crate::core::search::rank(string_arg(args, "query"), tools);
         let (found, _) = self
             .state
             .access()
@@ -603,7 +592,7 @@ impl TaskTools<'_> {
                     "name": tool.name(),
                     "title": tool.spec.title,
                     "description": tool.spec.description,
-                    "input_schema": tool.spec.input_schema,
+                    "input_schema": tool.input_schema,
                 })
             })
             .collect();

@@ -166,9 +166,16 @@ def test_non_json_final_answers_are_reported(harness):
     assert "__invalid__" in out["final_answer"]
 
 
-def test_tool_search_finds_tools_by_words(harness):
-    out = harness.run("print([t['name'] for t in tool_search('quote symbol')])")
+def test_tool_search_asks_the_gateway_and_returns_its_ranking(harness):
+    seen = []
+
+    def replies(request):
+        seen.append(request)
+        return {"ok": True, "result": [{"name": "get_quote", "description": "Quote of a symbol"}]}
+
+    out = harness.run("print([t['name'] for t in tool_search('quote symbol')])", replies=replies)
     assert out["output"] == "['get_quote']\n"
+    assert seen and seen[0]["op"] == "tool_search" and seen[0]["query"] == "quote symbol"
 
 
 def test_base64_artifacts_are_saved_as_their_bytes_and_bad_encodings_are_refused(harness):

@@ -117,13 +117,8 @@ def build_namespace(channel: Channel, tools: list[dict[str, Any]], max_artifact_
         namespace[spec["name"]] = _tool_stub(channel, spec)
 
     def tool_search(query: str) -> list[dict[str, str]]:
-        """Tools whose name or description contains every word of `query`."""
-        words = query.lower().split()
-        return [
-            {"name": t["name"], "description": t.get("description", "")}
-            for t in tools
-            if all(w in (t["name"] + " " + t.get("description", "")).lower() for w in words)
-        ]
+        """The tools you may call matching the words of `query`, best first (the gateway ranks them)."""
+        return channel.request("tool_search", query=str(query))
 
     def write_artifact(filename: str, content: str | bytes, encoding: str = "text") -> str:
         """Saves a file under the task's outputs/; returns its name."""

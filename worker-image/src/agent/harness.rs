@@ -32,6 +32,8 @@ pub trait Requests: Send {
     async fn write_artifact(&mut self, filename: &str, content_base64: &str) -> Result<(), String>;
     /// Reads back an artifact (base64).
     async fn read_artifact(&mut self, filename: &str) -> Result<String, String>;
+    /// The task's tools matching `query`, best first: `[{name, description}]`.
+    async fn tool_search(&mut self, query: &str) -> Result<Value, String>;
 }
 
 /// A tool's answer to the task's code.
@@ -178,6 +180,9 @@ impl Harness {
                             )
                             .await
                             .map(|()| None),
+                        Some("tool_search") => {
+                            requests.tool_search(message["query"].as_str().unwrap_or_default()).await.map(Some)
+                        }
                         Some("read_artifact") => requests
                             .read_artifact(message["filename"].as_str().unwrap_or_default())
                             .await

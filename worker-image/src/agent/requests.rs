@@ -131,6 +131,11 @@ impl Requests for StepRequests<'_> {
         Ok(())
     }
 
+    async fn tool_search(&mut self, query: &str) -> Result<Value, String> {
+        let found = self.api.task_tool_search(&self.spec.id, query, 10).await.map_err(|e| e.to_string())?;
+        Ok(Value::Array(found.into_iter().map(|t| json!({"name": t.name, "description": t.description})).collect()))
+    }
+
     async fn read_artifact(&mut self, filename: &str) -> Result<String, String> {
         let name = RelativePath::parse(filename).map_err(|e| e.to_string())?;
         let bytes = self.api.get_task_output(&self.spec.id, name.as_str()).await.map_err(|e| e.to_string())?;

@@ -5,7 +5,9 @@ use reqwest::Method;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use toolyard_api::agent::{ArtifactEntry, TaskResult, TaskSpec, ToolCallBody, ToolOutcome, path};
+use toolyard_api::agent::{
+    ArtifactEntry, TaskResult, TaskSpec, ToolCallBody, ToolInfo, ToolOutcome, ToolSearchBody, path,
+};
 use toolyard_api::protocol::{self, Event};
 
 use super::{ApiError, InternalApi};
@@ -34,6 +36,13 @@ impl InternalApi {
     ) -> Result<ToolOutcome, ApiError> {
         let p = path::tool_call(id, tool);
         let body = Self::encode(&p, &ToolCallBody { arguments: arguments.clone() })?;
+        self.json(Method::POST, &p, Some(body)).await
+    }
+
+    /// The task's tools matching `query`, best first (at most `limit`).
+    pub async fn task_tool_search(&self, id: &str, query: &str, limit: u32) -> Result<Vec<ToolInfo>, ApiError> {
+        let p = path::tool_search(id);
+        let body = Self::encode(&p, &ToolSearchBody { query: query.to_owned(), limit: Some(limit) })?;
         self.json(Method::POST, &p, Some(body)).await
     }
 
