@@ -381,8 +381,7 @@ async fn the_search_endpoint_finds_and_calls_functions_and_upstream_tools_alike(
         let search = &search;
         async move {
             let r = search.call_tool(params).await.expect("tool_search");
-            let tools = r.structured_content.expect("structured")["tools"].as_array().expect("tools").clone();
-            tools
+            r.structured_content.expect("structured")["tools"].as_array().expect("tools").clone()
         }
     };
     let options = found("option price").await;
