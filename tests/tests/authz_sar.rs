@@ -260,4 +260,21 @@ async fn upstream_tools_are_granted_by_server_or_by_server_and_tool() {
     assert!(!decide("bob", &history).await, "a grant of one tool is not one of the server");
     assert!(!decide("carol", &quote).await, "McpTools grants do not cover servers' tools");
     assert!(decide("carol", &tool(&ns, "x")).await);
+
+    // A server's prompts are granted the same way.
+    let prompt = |name: &str| toolyard_gateway::catalog::Prompt {
+        namespace: ns.clone(),
+        object_name: "market-data".into(),
+        name: format!("market_data_{name}"),
+        upstream_name: name.into(),
+        toolset: None,
+        listing: serde_json::Value::Null,
+        required: Vec::new(),
+        source: Arc::new(toolyard_gateway::upstream::link::Link::new("market-data".into(), Duration::from_secs(5))),
+    };
+    let summary = prompt("summary");
+    let get = async |user: &str| authz.can_get_prompt(&kube_user(user, &[]), &summary).await.expect("decision");
+    assert!(get("alice").await, "the server's grant covers its prompts");
+    assert!(!get("bob").await, "a grant of one tool is not one of its prompts");
+    assert!(!get("carol").await);
 }

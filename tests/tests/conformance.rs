@@ -1,5 +1,5 @@
 //! The official MCP conformance suite (`@modelcontextprotocol/conformance`, server scenarios,
-//! active suite) against the local gateway, which serves the suite's fixture tools from an
+//! active suite) against the local gateway, which serves the suite's fixture tools and prompts from an
 //! upstream McpServer (`tests/fixtures/python/conformance_server.py`, on the official Python
 //! SDK). Scenarios the gateway does not pass yet are listed, each with the reason, in
 //! `tests/conformance/expected-failures.yml` (and the README): one that starts passing, or a

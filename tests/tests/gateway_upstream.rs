@@ -98,7 +98,7 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
 
     let up = connection(&ns, "market-data", "market-data connected", |c| c.state == ConnectionState::Connected).await;
-    assert_eq!((up.tools, up.failures, up.last_error.as_deref()), (5, 0, None), "{up:?}");
+    assert_eq!((up.tools, up.failures, up.last_error.as_deref()), (8, 0, None), "{up:?}");
     let refused =
         connection(&ns, "research", "research refused its credential", |c| c.state == ConnectionState::Waiting).await;
     let error = refused.last_error.as_deref().unwrap_or_default();
@@ -140,7 +140,7 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     // Back: connected again, tools served again.
     let _upstream = UpstreamServer::start(port, markers.path());
     let back = connection(&ns, "market-data", "market-data back", |c| c.state == ConnectionState::Connected).await;
-    assert_eq!((back.failures, back.tools), (0, 5), "{back:?}");
+    assert_eq!((back.failures, back.tools), (0, 8), "{back:?}");
     wait_until(Duration::from_secs(30), "tools back", || async {
         Ok(listed(&alice).await.contains(&"market_data_get_quote".to_owned()))
     })

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    Implementation, ProgressNotificationParam, ProtocolVersion, ServerNotification, SubscriptionFilter,
+    GetPromptRequestParams, Implementation, ProgressNotificationParam, ProtocolVersion, ServerNotification,
+    SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -224,6 +225,21 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
     assert!(setup.counts.list_changed.load(Ordering::SeqCst) > before, "clients hear that the list changed");
     let late = setup.call("market_data_late_tool", json!({})).await;
     assert_eq!(text(&late), "late-tool answers");
+
+    // Its prompts are served prefixed, taken from the server with their arguments.
+    let prompts = setup.client.list_all_prompts().await.expect("prompts/list");
+    let summary = prompts.iter().find(|p| p.name == "market_data_market_summary").expect("the prompt is listed");
+    let arguments: Vec<(&str, Option<bool>)> =
+        summary.arguments.iter().flatten().map(|a| (a.name.as_str(), a.required)).collect();
+    assert_eq!(arguments, [("ticker", Some(true)), ("horizon", Some(false))], "{summary:?}");
+    let mut get = GetPromptRequestParams::new("market_data_market_summary");
+    get.arguments = json!({"ticker": "ACME", "horizon": "1w"}).as_object().cloned();
+    let got = serde_json::to_value(setup.client.get_prompt(get).await.expect("prompts/get")).expect("json");
+    assert_eq!(got["messages"][0]["content"]["text"], "Summarize the market for ACME over 1w.", "{got}");
+    let missing = setup.client.get_prompt(GetPromptRequestParams::new("market_data_market_summary")).await;
+    assert!(missing.is_err_and(|e| e.to_string().contains("missing required arguments: ticker")));
+    let unknown = setup.client.get_prompt(GetPromptRequestParams::new("market_data_nothing")).await;
+    assert!(unknown.is_err_and(|e| e.to_string().contains("Unknown prompt")));
 
     let connections = setup.gateway.upstreams.connections();
     let c = &connections["market-data"];

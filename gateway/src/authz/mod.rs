@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 
-use crate::catalog::Tool;
+use crate::catalog::{Prompt, Tool};
 use crate::identity::Identity;
 
 pub mod config;
@@ -27,6 +27,8 @@ pub use subject::SubjectMapping;
 pub trait Authorizer: Send + Sync + 'static {
     /// May `who` list and call `tool`?
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool>;
+    /// May `who` list and get `prompt` (of an upstream server; decided like its tools)?
+    async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool>;
     /// May `who` start a coding task in `namespace` (empty in embedded mode)?
     async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool>;
     /// May `who`'s coding tasks in `namespace` use the model profile `profile`?

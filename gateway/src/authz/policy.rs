@@ -6,7 +6,8 @@
 //!     issuers: [apikey]     # whose identities: apikey (the default), kubernetes, an OIDC
 //!                           # issuer URL, anonymous; "*" = any issuer
 //!     tools: ["*"]          # MCP tool names, McpTool object names or McpServer names
-//!                           # (all of its tools); "*" = all
+//!                           # (all of its tools and prompts), upstream prompt names;
+//!                           # "*" = all
 //!     codingTasks: true     # may start coding tasks (default false)
 //!     modelProfiles: [default]  # with codingTasks: the model profiles its tasks may use
 //!                           # (default: every profile)
@@ -27,7 +28,7 @@ use serde::Deserialize;
 use super::Authorizer;
 use super::metrics::AuthzMetrics;
 use crate::auth::chain::ANONYMOUS_ISSUER;
-use crate::catalog::Tool;
+use crate::catalog::{Prompt, Tool};
 use crate::identity::Identity;
 
 /// Problems with a policy file; each names the file and, for content, the field.
@@ -265,6 +266,12 @@ impl Authorizer for PolicyAuthorizer {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool> {
         let allowed = self.allows_tool(who, tool.name(), &tool.object_name);
         self.metrics.decision("static", "call", if allowed { "allow" } else { "deny" });
+        Ok(allowed)
+    }
+
+    async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool> {
+        let allowed = self.allows_tool(who, &prompt.name, &prompt.object_name);
+        self.metrics.decision("static", "prompt", if allowed { "allow" } else { "deny" });
         Ok(allowed)
     }
 

@@ -2,9 +2,10 @@
 //!
 //! - list/call a tool: verb `call` on `mcptools.toolyard.dev`, `resourceName` = the
 //!   McpTool's object name, in the tool's namespace;
-//! - list/call a tool of an upstream MCP server: verb `call` on `mcpservers.toolyard.dev` in
-//!   the McpServer's namespace, `resourceName` = the McpServer's name (all its tools) or
-//!   `<McpServer name>/<the tool's name on that server>` (that tool only);
+//! - list/call a tool (or list/get a prompt) of an upstream MCP server: verb `call` on
+//!   `mcpservers.toolyard.dev` in the McpServer's namespace, `resourceName` = the McpServer's
+//!   name (all its tools and prompts) or `<McpServer name>/<the tool's or prompt's name on
+//!   that server>` (that one only);
 //! - start a coding task: verb `create` on `codingtasks.toolyard.dev` in the namespace;
 //! - use a model profile for tasks: verb `use` on `modelprofiles.toolyard.dev`,
 //!   `resourceName` = the profile, in the task's namespace (a resource without objects: RBAC
@@ -33,7 +34,7 @@ use super::Authorizer;
 use super::metrics::AuthzMetrics;
 use super::subject::{Subject, SubjectMapping};
 use crate::auth::cache::TtlCache;
-use crate::catalog::Tool;
+use crate::catalog::{Prompt, Tool};
 use crate::identity::Identity;
 
 /// API group of Toolyard's resources.
@@ -164,6 +165,28 @@ impl SarAuthorizer {
         shared.await
     }
 
+    /// Asks `call` on `resource` for each of `names` in turn (the broadest grant first): the
+    /// first allow decides; a failed review ends the questions as a deny.
+    async fn first_allow(
+        &self,
+        who: &Identity,
+        resource: &'static str,
+        namespace: &str,
+        names: Vec<Option<String>>,
+    ) -> Answer {
+        let subject = self.inner.settings.subjects.subject(who);
+        let mut answer = Some(false);
+        for name in names {
+            let question =
+                Question { subject: subject.clone(), verb: CALL_VERB, resource, namespace: namespace.to_owned(), name };
+            answer = self.ask(&question).await;
+            if answer != Some(false) {
+                break;
+            }
+        }
+        answer
+    }
+
     fn record(&self, action: &'static str, answer: Answer) -> bool {
         let outcome = match answer {
             Some(true) => "allow",
@@ -223,33 +246,28 @@ impl Inner {
     }
 }
 
+/// What an upstream server's tool or prompt `item` is granted by: all McpServers of the
+/// namespace, the server, or the server's `item` alone.
+fn server_names(server: &str, item: &str) -> Vec<Option<String>> {
+    vec![None, Some(server.to_owned()), Some(format!("{server}/{item}"))]
+}
+
 #[async_trait]
 impl Authorizer for SarAuthorizer {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool> {
-        let subject = self.inner.settings.subjects.subject(who);
-        // From the broadest grant to the narrowest: the first allow decides.
-        let (resource, names) = match &tool.upstream {
-            None => (TOOLS_RESOURCE, vec![None, Some(tool.object_name.clone())]),
-            Some(upstream) => (
-                SERVERS_RESOURCE,
-                vec![None, Some(tool.object_name.clone()), Some(format!("{}/{}", tool.object_name, upstream.tool))],
-            ),
+        let names = match &tool.upstream {
+            None => vec![None, Some(tool.object_name.clone())],
+            Some(upstream) => server_names(&tool.object_name, &upstream.tool),
         };
-        let mut answer = Some(false);
-        for name in names {
-            let question = Question {
-                subject: subject.clone(),
-                verb: CALL_VERB,
-                resource,
-                namespace: tool.namespace.clone(),
-                name,
-            };
-            answer = self.ask(&question).await;
-            if answer != Some(false) {
-                break;
-            }
-        }
+        let resource = if tool.upstream.is_some() { SERVERS_RESOURCE } else { TOOLS_RESOURCE };
+        let answer = self.first_allow(who, resource, &tool.namespace, names).await;
         Ok(self.record("call", answer))
+    }
+
+    async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool> {
+        let names = server_names(&prompt.object_name, &prompt.upstream_name);
+        let answer = self.first_allow(who, SERVERS_RESOURCE, &prompt.namespace, names).await;
+        Ok(self.record("prompt", answer))
     }
 
     async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool> {

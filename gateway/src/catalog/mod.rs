@@ -120,6 +120,39 @@ pub fn compile_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options().build(schema).map_err(|e| format!("inputSchema is not a valid JSON Schema: {e}"))
 }
 
+/// A prompt of an upstream MCP server, as the gateway serves it (under its served name).
+pub struct Prompt {
+    /// Namespace of its McpServer (empty in embedded mode).
+    pub namespace: String,
+    /// Its McpServer's name: what RBAC names, like for the server's tools.
+    pub object_name: String,
+    /// Served name (the server's prefix, then its name there).
+    pub name: String,
+    /// Its name on the server.
+    pub upstream_name: String,
+    /// Its McpServer's toolset.
+    pub toolset: Option<String>,
+    /// The MCP `Prompt` as the server lists it, with the served name.
+    pub listing: Value,
+    /// Its required arguments.
+    pub required: Vec<String>,
+    /// Where `prompts/get` goes.
+    pub source: Arc<dyn PromptSource>,
+}
+
+impl std::fmt::Debug for Prompt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prompt").field("name", &self.name).field("server", &self.object_name).finish_non_exhaustive()
+    }
+}
+
+/// Answers `prompts/get` for the prompts of one server.
+#[async_trait::async_trait]
+pub trait PromptSource: Send + Sync + 'static {
+    /// The MCP `GetPromptResult` of the server's prompt `name` with `arguments`, or why not.
+    async fn get(&self, name: &str, arguments: Map<String, Value>) -> Result<Value, String>;
+}
+
 /// Source of tools. Implementations keep a current snapshot and bump a version on change.
 pub trait ToolCatalog: Send + Sync + 'static {
     /// Every tool that can be listed (Ready), in a stable order.
@@ -132,4 +165,8 @@ pub trait ToolCatalog: Send + Sync + 'static {
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
     /// True once the first full listing is in.
     fn is_synced(&self) -> bool;
+    /// The prompts of connected upstream servers, sorted by name (none without servers).
+    fn prompts(&self) -> Vec<Arc<Prompt>> {
+        Vec::new()
+    }
 }

@@ -5,12 +5,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::StreamExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
     Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
     ServerCapabilities, ServerConfig, SubscriptionFilter, Tool as McpTool,
 };
+use rmcp::model::{GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult, Prompt as McpPrompt};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -20,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::builtin::Builtin;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
-use crate::catalog::Tool;
+use crate::catalog::{Prompt, Tool};
 use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
 use crate::executor::CallState;
@@ -662,6 +664,66 @@ impl McpHandler {
 
     /// The JSON-RPC error of a failed platform check (logged here; details stay out of the
     /// answer).
+    /// The upstream prompts of the request's endpoint that `info`'s caller may get.
+    async fn visible_prompts(&self, info: &RequestInfo<'_>) -> Result<Vec<Arc<Prompt>>, ErrorData> {
+        let who = info.identity()?;
+        let scope = info.scope();
+        let candidates: Vec<Arc<Prompt>> = self
+            .state
+            .catalog
+            .prompts()
+            .into_iter()
+            .filter(|p| match &scope {
+                Scope::All => true,
+                Scope::Toolset(toolset) => p.toolset.as_deref() == Some(toolset.as_str()),
+                Scope::Search => false,
+            })
+            .collect();
+        let authorizer = &self.state.authorizer;
+        let decisions: Vec<_> = futures::stream::iter(candidates)
+            .map(|p| async move {
+                let allowed = authorizer.can_get_prompt(who, &p).await;
+                (p, allowed)
+            })
+            .buffered(16)
+            .collect()
+            .await;
+        let mut visible = Vec::new();
+        for (prompt, allowed) in decisions {
+            if allowed.map_err(|e| self.platform_error(&e))? {
+                visible.push(prompt);
+            }
+        }
+        Ok(visible)
+    }
+
+    async fn prompt(
+        &self,
+        request: GetPromptRequestParams,
+        info: &RequestInfo<'_>,
+    ) -> Result<GetPromptResult, ErrorData> {
+        let unknown = || {
+            let shown: String = request.name.chars().take(64).collect();
+            ErrorData::invalid_params(format!("Unknown prompt: {shown:?}"), None)
+        };
+        let prompts = self.visible_prompts(info).await?;
+        let prompt = prompts.iter().find(|p| p.name == request.name).ok_or_else(unknown)?;
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let missing: Vec<&str> =
+            prompt.required.iter().filter(|a| !arguments.contains_key(a.as_str())).map(String::as_str).collect();
+        if !missing.is_empty() {
+            return Err(ErrorData::invalid_params(format!("missing required arguments: {}", missing.join(", ")), None));
+        }
+        let answer = prompt
+            .source
+            .get(&prompt.upstream_name, arguments)
+            .await
+            .map_err(|e| ErrorData::internal_error(e, None))?;
+        serde_json::from_value(answer).map_err(|e| {
+            ErrorData::internal_error(format!("the MCP server answered prompts/get with something else: {e}"), None)
+        })
+    }
+
     fn platform_error(&self, e: &crate::Error) -> ErrorData {
         tracing::error!(error = %e, "authorization check failed");
         errors::from_error(e, self.retry_after())
@@ -698,6 +760,7 @@ impl ServerHandler for McpHandler {
     fn get_info(&self) -> ServerConfig {
         let capabilities = if self.state.tasks.is_some() {
             ServerCapabilities::builder()
+                .enable_prompts()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_resources()
@@ -705,10 +768,37 @@ impl ServerHandler for McpHandler {
                 .enable_tasks()
                 .build()
         } else {
-            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().build()
+            ServerCapabilities::builder().enable_prompts().enable_tools().enable_tool_list_changed().build()
         };
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(self.state.settings.server_name.clone(), env!("CARGO_PKG_VERSION")))
+    }
+
+    /// The prompts of connected upstream servers the caller may get (`/mcp`, and a toolset's
+    /// endpoint for the servers of that toolset), in one page.
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let result = self.visible_prompts(&RequestInfo::from_context(&context)).await.map(|prompts| {
+            let items = prompts.iter().filter_map(|p| serde_json::from_value::<McpPrompt>(p.listing.clone()).ok());
+            ListPromptsResult::with_all_items(items.collect())
+        });
+        self.count("prompts/list", result.is_ok());
+        result
+    }
+
+    /// An upstream server's prompt, from that server; an unknown prompt and one the caller may
+    /// not get answer alike.
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let result = self.prompt(request, &RequestInfo::from_context(&context)).await;
+        self.count("prompts/get", result.is_ok());
+        result.map(Into::into)
     }
 
     async fn list_tools(

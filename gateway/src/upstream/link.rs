@@ -15,7 +15,8 @@ use async_trait::async_trait;
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    Implementation, PingRequest, ProgressNotificationParam, ProgressToken, RequestMetaObject, ServerResult,
+    GetPromptRequestParams, Implementation, PingRequest, ProgressNotificationParam, ProgressToken, RequestMetaObject,
+    ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -25,6 +26,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
 
+use crate::catalog::PromptSource;
 use crate::executor::events::ProgressSender;
 use crate::executor::{CallRequest, Executor};
 
@@ -114,6 +116,19 @@ impl ClientHandler for Listener {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.notify_one();
     }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed.notify_one();
+    }
+}
+
+/// What a server lists.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    /// Its tools.
+    pub tools: Vec<rmcp::model::Tool>,
+    /// Its prompts.
+    pub prompts: Vec<rmcp::model::Prompt>,
 }
 
 /// A live connection.
@@ -152,13 +167,26 @@ impl Connection {
         }
     }
 
-    /// Every tool the server lists (all pages), within `timeout`.
-    pub async fn list_tools(&self, timeout: Duration) -> Result<Vec<rmcp::model::Tool>, String> {
-        match tokio::time::timeout(timeout, self.service.peer().list_all_tools()).await {
-            Ok(Ok(tools)) => Ok(tools),
-            Ok(Err(e)) => Err(format!("tools/list failed: {}", error_chain(&e))),
-            Err(_) => Err(format!("no answer to tools/list within {} s", timeout.as_secs())),
-        }
+    /// Every tool and, if the server has any, every prompt it lists (all pages), each within
+    /// `timeout`.
+    pub async fn list(&self, timeout: Duration) -> Result<Listing, String> {
+        let peer = self.service.peer();
+        let tools = match tokio::time::timeout(timeout, peer.list_all_tools()).await {
+            Ok(Ok(tools)) => tools,
+            Ok(Err(e)) => return Err(format!("tools/list failed: {}", error_chain(&e))),
+            Err(_) => return Err(format!("no answer to tools/list within {} s", timeout.as_secs())),
+        };
+        let has_prompts = peer.peer_info().is_some_and(|info| info.capabilities.prompts.is_some());
+        let prompts = if has_prompts {
+            match tokio::time::timeout(timeout, peer.list_all_prompts()).await {
+                Ok(Ok(prompts)) => prompts,
+                Ok(Err(e)) => return Err(format!("prompts/list failed: {}", error_chain(&e))),
+                Err(_) => return Err(format!("no answer to prompts/list within {} s", timeout.as_secs())),
+            }
+        } else {
+            Vec::new()
+        };
+        Ok(Listing { tools, prompts })
     }
 
     /// Pings the server; an error says why it is unreachable.
@@ -342,6 +370,28 @@ impl Executor for Link {
             sender.send_replace(Some(Progress { fraction: 1.0, message: None }));
         }
         Ok(passed_on(result, ms()))
+    }
+}
+
+#[async_trait]
+impl PromptSource for Link {
+    async fn get(&self, name: &str, arguments: serde_json::Map<String, Value>) -> Result<Value, String> {
+        let Some(peer) = self.current() else {
+            return Err(format!("the MCP server {} is not connected; try again later", self.server));
+        };
+        let mut params = GetPromptRequestParams::new(name.to_owned());
+        params.arguments = Some(arguments);
+        match tokio::time::timeout(self.timeout, peer.get_prompt(params)).await {
+            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| e.to_string()),
+            Ok(Err(rmcp::ServiceError::McpError(error))) => {
+                Err(format!("the MCP server {} refused prompts/get: {}", self.server, error.message))
+            }
+            Ok(Err(e)) => {
+                self.broken.notify_one();
+                Err(format!("the MCP server {} failed: {}", self.server, error_chain(&e)))
+            }
+            Err(_) => Err(format!("the MCP server {} did not answer within {} s", self.server, self.timeout.as_secs())),
+        }
     }
 }
 

@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::mcpserver::{Connection as ConnectionStatus, ConnectionState, McpServerSpec, UpstreamAuth};
 use toolyard_api::mcptool::{Execution, ExecutionMode, McpToolSpec, RESERVED_TOOL_NAMES, Runtime, ToolAnnotations};
 
-use self::link::{Connection, Endpoint, Link};
-use crate::catalog::{Tool, ToolCatalog, Upstream};
+use self::link::{Connection, Endpoint, Link, Listing};
+use crate::catalog::{Prompt, PromptSource, Tool, ToolCatalog, Upstream};
 
 /// Longest tool name served (MCP allows 128 characters).
 pub const MAX_TOOL_NAME: usize = 128;
@@ -186,8 +186,8 @@ struct Server {
     config: ServerConfig,
     link: Arc<Link>,
     status: watch::Sender<ConnectionStatus>,
-    /// Its tools as it listed them (empty while it is not connected).
-    listed: Vec<rmcp::model::Tool>,
+    /// Its tools and prompts as it listed them (none while it is not connected).
+    listed: Listing,
     stop: CancellationToken,
 }
 
@@ -199,6 +199,7 @@ struct Inner {
     credentials: Arc<dyn Credentials>,
     servers: Mutex<BTreeMap<Key, Server>>,
     tools: RwLock<Arc<Vec<Arc<Tool>>>>,
+    prompts: RwLock<Arc<Vec<Arc<Prompt>>>>,
     version: watch::Sender<u64>,
     background: CancellationToken,
 }
@@ -239,6 +240,7 @@ impl Upstreams {
                 credentials,
                 servers: Mutex::default(),
                 tools: RwLock::default(),
+                prompts: RwLock::default(),
                 version: watch::Sender::new(1),
                 background,
             }),
@@ -270,7 +272,7 @@ impl Upstreams {
             let keep = wanted.get(key).is_some_and(|c| *c == server.config);
             if !keep {
                 server.stop.cancel();
-                changed |= !server.listed.is_empty();
+                changed |= !server.listed.tools.is_empty() || !server.listed.prompts.is_empty();
             }
             keep
         });
@@ -332,18 +334,12 @@ impl Upstreams {
         let task =
             ServerTask { upstreams: self.clone(), config: config.clone(), link: link.clone(), stop: stop.clone() };
         tokio::spawn(task.run());
-        Server { config, link, status, listed: Vec::new(), stop }
+        Server { config, link, status, listed: Listing::default(), stop }
     }
 
     /// Updates the state of server `key` (if it is still the one `link` belongs to) and its
     /// listed tools, then the catalog.
-    fn update(
-        &self,
-        key: &Key,
-        link: &Arc<Link>,
-        listed: Option<Vec<rmcp::model::Tool>>,
-        f: impl FnOnce(&mut ConnectionStatus),
-    ) {
+    fn update(&self, key: &Key, link: &Arc<Link>, listed: Option<Listing>, f: impl FnOnce(&mut ConnectionStatus)) {
         {
             let mut servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
             let Some(server) = servers.get_mut(key).filter(|s| Arc::ptr_eq(&s.link, link)) else { return };
@@ -364,12 +360,14 @@ impl Upstreams {
         let mut taken: BTreeSet<String> = functions.iter().map(|t| t.name().to_owned()).collect();
         taken.extend(RESERVED_TOOL_NAMES.iter().chain(MORE_BUILTINS).map(|n| (*n).to_owned()));
         let mut tools = functions;
+        let mut prompts: Vec<Arc<Prompt>> = Vec::new();
+        let mut prompt_names: BTreeSet<String> = BTreeSet::new();
         let servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
         for server in servers.values() {
             let prefix = server.config.spec.prefix(&server.config.name);
             let mut served = 0;
             let mut skipped = Vec::new();
-            for listed in &server.listed {
+            for listed in &server.listed.tools {
                 let name = served_name(&prefix, &listed.name);
                 if name.len() > MAX_TOOL_NAME {
                     skipped
@@ -392,6 +390,16 @@ impl Upstreams {
                     }
                 }
             }
+            for listed in &server.listed.prompts {
+                let name = served_name(&prefix, &listed.name);
+                if name.len() > MAX_TOOL_NAME || !name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                    skipped.push(format!("prompt {}: {name:?} is not a valid name", listed.name));
+                } else if !prompt_names.insert(name.clone()) {
+                    skipped.push(format!("prompt {}: {name:?} is taken by another prompt", listed.name));
+                } else {
+                    prompts.push(Arc::new(upstream_prompt(&server.config, &server.link, listed, name)));
+                }
+            }
             server.status.send_if_modified(|s| {
                 let same = s.tools == served && s.skipped == skipped;
                 s.tools = served;
@@ -401,6 +409,8 @@ impl Upstreams {
         }
         drop(servers);
         *self.inner.tools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tools);
+        prompts.sort_by(|a, b| a.name.cmp(&b.name));
+        *self.inner.prompts.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(prompts);
         self.inner.version.send_modify(|v| *v += 1);
     }
 }
@@ -420,6 +430,29 @@ impl ToolCatalog for Upstreams {
 
     fn is_synced(&self) -> bool {
         self.inner.functions.is_synced()
+    }
+
+    fn prompts(&self) -> Vec<Arc<Prompt>> {
+        self.inner.prompts.read().unwrap_or_else(|e| e.into_inner()).as_ref().clone()
+    }
+}
+
+/// The served prompt for `listed` of `config`'s server, under `name`.
+fn upstream_prompt(config: &ServerConfig, link: &Arc<Link>, listed: &rmcp::model::Prompt, name: String) -> Prompt {
+    let mut served = listed.clone();
+    served.name = name.clone();
+    let required =
+        listed.arguments.iter().flatten().filter(|a| a.required == Some(true)).map(|a| a.name.clone()).collect();
+    let source: Arc<dyn PromptSource> = link.clone();
+    Prompt {
+        namespace: config.namespace.clone(),
+        object_name: config.name.clone(),
+        name,
+        upstream_name: listed.name.clone(),
+        toolset: config.spec.toolset.clone(),
+        listing: serde_json::to_value(&served).unwrap_or_default(),
+        required,
+        source,
     }
 }
 
@@ -498,7 +531,7 @@ impl ServerTask {
             let delay = Duration::from_secs(delays.get(failures - 1).or(delays.last()).copied().unwrap_or(30));
             let failed = jiff::Timestamp::now();
             let next = failed + jiff::SignedDuration::try_from(delay).unwrap_or_default();
-            self.upstreams.update(&key, &self.link, Some(Vec::new()), |s| {
+            self.upstreams.update(&key, &self.link, Some(Listing::default()), |s| {
                 s.updated = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(failed));
                 s.state = ConnectionState::Waiting;
                 s.last_error = Some(error.clone());
@@ -536,7 +569,7 @@ impl ServerTask {
     }
 
     async fn serve(&self, connection: &Connection, key: &Key, settings: &UpstreamSettings) -> String {
-        let listed = match connection.list_tools(settings.connect_timeout).await {
+        let listed = match connection.list(settings.connect_timeout).await {
             Ok(tools) => tools,
             Err(e) => return e,
         };
@@ -553,7 +586,7 @@ impl ServerTask {
         loop {
             tokio::select! {
                 () = self.link.list_changed.notified() => {
-                    match connection.list_tools(settings.connect_timeout).await {
+                    match connection.list(settings.connect_timeout).await {
                         Ok(listed) => self.upstreams.update(key, &self.link, Some(listed), |_| {}),
                         Err(e) => return e,
                     }
