@@ -1,6 +1,6 @@
 //! Wiring: per watch scope (the cluster or one namespace), one watch per kind feeds both the
-//! reconcile triggers and the caches the reconcilers read; the McpTool, ToolCall and
-//! CodingTask controllers run until `shutdown`, finishing in-flight reconciles.
+//! reconcile triggers and the caches the reconcilers read; the McpTool, McpServer, ToolCall
+//! and CodingTask controllers run until `shutdown`, finishing in-flight reconciles.
 
 use std::fmt::Debug;
 use std::future::ready;
@@ -21,13 +21,14 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::{CodingTask, McpTool, ToolCall};
+use toolyard_api::{CodingTask, McpServer, McpTool, ToolCall};
 use tracing::{info, warn};
 
 use crate::codingtask;
 use crate::config::Scope;
 use crate::context::{Context, Shared};
 use crate::labels;
+use crate::mcpserver::{self, ServerStores};
 use crate::mcptool::{self, ToolStores};
 use crate::run::RunStores;
 use crate::toolcall::{self, CallStores};
@@ -165,6 +166,13 @@ fn scope_controllers(
         Some(&format!("{}={}", labels::COMPONENT, labels::COMPONENT_POOL)),
         trim_meta,
     );
+    let (servers, server_events, servers_listed) = reflected::<McpServer>(&client, &scope, None, trim_meta);
+    let (server_deployments, server_deployment_events, server_deployments_listed) = reflected::<Deployment>(
+        &client,
+        &scope,
+        Some(&format!("{}={}", labels::COMPONENT, labels::COMPONENT_MCP_SERVER)),
+        trim_meta,
+    );
     let (call_jobs, call_job_events, call_jobs_listed) =
         reflected::<Job>(&client, &scope, Some(labels::CALL), trim_job);
     let (call_pods, call_pod_events, call_pods_listed) =
@@ -175,9 +183,16 @@ fn scope_controllers(
         reflected::<Pod>(&client, &scope, Some(labels::TASK), trim_pod);
 
     let synced = async move {
-        for mut listed in
-            [tools_listed, deployments_listed, call_jobs_listed, call_pods_listed, task_jobs_listed, task_pods_listed]
-        {
+        for mut listed in [
+            tools_listed,
+            deployments_listed,
+            servers_listed,
+            server_deployments_listed,
+            call_jobs_listed,
+            call_pods_listed,
+            task_jobs_listed,
+            task_pods_listed,
+        ] {
             // An error means the watch is gone (shutdown); readiness no longer matters then.
             let _ = listed.wait_for(|done| *done).await;
         }
@@ -191,6 +206,18 @@ fn scope_controllers(
         .run(mcptool::reconcile, mcptool::error_policy, tool_ctx)
         .for_each(|r| {
             log_result(mcptool::KIND, r);
+            ready(())
+        });
+
+    let server_ctx =
+        Arc::new(Context { shared: shared.clone(), stores: ServerStores { deployments: server_deployments } });
+    let server_controller = Controller::for_stream(server_events, servers)
+        .owns_stream(server_deployment_events)
+        .with_config(settings.clone())
+        .graceful_shutdown_on(stop(&shutdown))
+        .run(mcpserver::reconcile, mcpserver::error_policy, server_ctx)
+        .for_each(|r| {
+            log_result(mcpserver::KIND, r);
             ready(())
         });
 
@@ -223,7 +250,7 @@ fn scope_controllers(
 
     let all = async move {
         info!(scope = ?scope, "controllers started");
-        futures::join!(tool_controller, call_controller, task_controller);
+        futures::join!(tool_controller, server_controller, call_controller, task_controller);
         info!(scope = ?scope, "controllers stopped");
     };
     (all, synced)

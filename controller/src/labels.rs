@@ -20,10 +20,14 @@ pub const CALL: &str = "toolyard.dev/call";
 pub const TASK: &str = "toolyard.dev/task";
 /// Owner key of the identity a run acts as.
 pub const OWNER: &str = "toolyard.dev/owner";
-/// Part of a tool a Deployment, Service or pod is (`pool`).
+/// The McpServer (object name) a Deployment, Service or pod runs.
+pub const SERVER: &str = "toolyard.dev/server";
+/// What a Deployment, Service or pod is (`pool`, `mcp-server`).
 pub const COMPONENT: &str = "toolyard.dev/component";
 /// Value of [`COMPONENT`] for warm pools.
 pub const COMPONENT_POOL: &str = "pool";
+/// Value of [`COMPONENT`] for McpServers Toolyard runs.
+pub const COMPONENT_MCP_SERVER: &str = "mcp-server";
 
 /// Annotation on ToolCalls and CodingTasks carrying the W3C trace context of the request.
 pub const TRACEPARENT_ANNOTATION: &str = "toolyard.dev/traceparent";

@@ -2,6 +2,9 @@
 //!
 //! - **McpTool**: validates what the CRD schema cannot ([`mcptool::validate`]), sets `Ready`
 //!   with observedGeneration; `mode: Pool` tools get a warm pool ([`mcptool::pool`]).
+//! - **McpServer**: a server Toolyard runs (`spec.runtime`) gets a Deployment and Service
+//!   hardened like tools' ([`mcpserver`]), stdio servers behind `toolyard-runner bridge`;
+//!   `Ready` follows its available pods.
 //! - **ToolCall**: one hardened Job per call ([`toolcall::job::desired_job`]) with a
 //!   call-scoped token in a Secret it owns; the Job's and pod's state become the `Succeeded`
 //!   condition ([`outcome`]).
@@ -10,7 +13,8 @@
 //! - Leader election with a Lease ([`leader`]), Events on transitions, Prometheus metrics.
 //!
 //! Status ownership: the controller writes `conditions`, `jobName`, `startTime`,
-//! `completionTime` (and all of McpTool's status) with field manager `toolyard-controller`
+//! `completionTime` (and all of McpTool's status, and McpServer's `conditions` and
+//! `availableReplicas`) with field manager `toolyard-controller`
 //! through server-side apply on `/status`; the gateway writes the result fields.
 //!
 //! Embed with [`run()`] (or [`Controller`] to learn the ops address first); the binary only parses
@@ -23,6 +27,7 @@ pub mod controllers;
 pub mod error;
 pub mod labels;
 pub mod leader;
+pub mod mcpserver;
 pub mod mcptool;
 pub mod metrics;
 pub mod ops;

@@ -142,7 +142,18 @@ pub fn tool_pod_spec(
     spec: &toolyard_api::McpToolSpec,
     restart_policy: &str,
 ) -> PodSpec {
-    let runtime = &spec.runtime;
+    runtime_pod_spec(main, config, &spec.runtime, spec.placement.as_ref(), restart_policy)
+}
+
+/// The hardened pod around `main` for a `runtime` (an McpTool's or an McpServer's): its
+/// ServiceAccount, `placement` and read-only volumes.
+pub fn runtime_pod_spec(
+    main: Container,
+    config: &crate::Config,
+    runtime: &toolyard_api::mcptool::Runtime,
+    placement: Option<&toolyard_api::mcptool::Placement>,
+    restart_policy: &str,
+) -> PodSpec {
     let mut pod = hardened_pod_spec(
         main,
         &config.runner_image,
@@ -150,7 +161,7 @@ pub fn tool_pod_spec(
         &config.resources.tmp_size_limit,
         restart_policy,
     );
-    if let Some(placement) = &spec.placement {
+    if let Some(placement) = placement {
         pod.node_selector = (!placement.node_selector.is_empty()).then(|| placement.node_selector.clone());
         pod.tolerations = (!placement.tolerations.is_empty()).then(|| placement.tolerations.clone());
         pod.affinity = placement.affinity.clone();

@@ -29,6 +29,10 @@ pub mod reason {
     pub const POOL_AVAILABLE: &str = "PoolAvailable";
     /// The warm pool has no available replica yet.
     pub const POOL_PROGRESSING: &str = "PoolProgressing";
+    /// McpServer / Ready: a runtime server has at least one available pod.
+    pub const SERVER_AVAILABLE: &str = "ServerAvailable";
+    /// McpServer / Ready: a runtime server has no available pod yet.
+    pub const SERVER_PROGRESSING: &str = "ServerProgressing";
     /// The spec is invalid in a way the schema cannot express; the message says what to fix.
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// The controller has not looked at this generation yet.

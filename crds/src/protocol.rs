@@ -111,6 +111,30 @@ pub mod runner_exit {
     pub const RUNNER_ERROR: i32 = 4;
 }
 
+/// `toolyard-runner bridge`: the network side of a `runtime` McpServer that speaks MCP on
+/// stdio. On each TCP connection the bridge first sends a random nonce line; the client answers
+/// with the nonce's proof under the server's derived key (`SigningKey::prove`), and only then
+/// does the bridge start one process of the server's command. From then on the connection
+/// carries the process's stdin and stdout: newline-delimited JSON-RPC, MCP's stdio transport.
+pub mod bridge {
+    /// Port the bridge listens on.
+    pub const PORT: u16 = 8080;
+    /// Longest answer line (the proof) the bridge reads.
+    pub const MAX_KEY_LINE: usize = 256;
+
+    /// Environment of `toolyard-runner bridge`.
+    pub mod env {
+        /// The server's derived key, hex-encoded (`SigningKey::to_hex`); not passed on to the
+        /// command.
+        pub const KEY: &str = "TOOLYARD_BRIDGE_KEY";
+    }
+
+    /// Purpose string for deriving the key of one McpServer from the shared signing key.
+    pub fn key_purpose(namespace: &str, server: &str) -> String {
+        format!("mcp-server/{namespace}/{server}")
+    }
+}
+
 /// The HTTP API of `toolyard-runner serve` (a warm pool pod, or a local warm worker).
 ///
 /// The gateway posts a [`PoolCallRequest`](pool::PoolCallRequest) with `Authorization: Bearer <token>`, a call token

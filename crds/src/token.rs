@@ -96,6 +96,24 @@ impl SigningKey {
         Ok(Self(bytes))
     }
 
+    /// The answer to challenge `nonce` (hex HMAC): proves the key is held without sending it,
+    /// as the gateway does to a `toolyard-runner bridge`. The result is secret: never log it.
+    pub fn prove(&self, nonce: &str) -> String {
+        let mut mac = self.mac();
+        mac.update(b"toolyard-prove\0");
+        mac.update(nonce.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// True when `proof` answers challenge `nonce` for this key (constant time).
+    pub fn check_proof(&self, nonce: &str, proof: &str) -> bool {
+        let Ok(bytes) = hex::decode(proof.trim()) else { return false };
+        let mut mac = self.mac();
+        mac.update(b"toolyard-prove\0");
+        mac.update(nonce.as_bytes());
+        mac.verify_slice(&bytes).is_ok()
+    }
+
     /// Signs `claims` into a token string.
     pub fn sign(&self, claims: &Claims) -> String {
         let body = B64.encode(serde_json::to_vec(claims).expect("claims serialize"));
@@ -211,6 +229,18 @@ mod tests {
         assert_eq!(parent.verify(&token, 1_000), Err(TokenError::BadSignature));
         assert_eq!(parent.derive("pool/ns/b").verify(&token, 1_000), Err(TokenError::BadSignature));
         assert!(key(1).derive("pool/ns/a").verify(&token, 1_000).is_ok(), "derivation is deterministic");
+    }
+
+    #[test]
+    fn proofs_answer_one_nonce_for_one_key() {
+        let k = key(7);
+        let proof = k.prove("n-1");
+        assert!(k.check_proof("n-1", &proof));
+        assert!(k.check_proof("n-1", &format!("{proof}\n")), "the line's newline is ignored");
+        assert!(!k.check_proof("n-2", &proof), "another nonce");
+        assert!(!key(8).check_proof("n-1", &proof), "another key");
+        assert!(!k.check_proof("n-1", "zz"), "not hex");
+        assert!(!k.check_proof("n-1", &proof[..10]), "truncated");
     }
 
     #[test]

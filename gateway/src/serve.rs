@@ -34,7 +34,7 @@ use crate::store::s3::{S3Settings, S3Store};
 use crate::tasks::kube::KubeTasks;
 use crate::tls::TlsArgs;
 use crate::upstream::Upstreams;
-use crate::upstream::kube::{SecretCredentials, StatusPatcher};
+use crate::upstream::kube::{KubeDialer, StatusPatcher};
 
 /// Flags of `serve` (every flag has a `TOOLYARD_*` environment fallback).
 #[derive(Args, Clone, Debug)]
@@ -318,7 +318,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Arc::new(catalog),
         args.upstream.settings(replica.clone()),
         Arc::new(StatusPatcher::new(client.clone(), &replica)),
-        Arc::new(SecretCredentials::new(client.clone())),
+        Arc::new(KubeDialer::new(client.clone(), signing_key.clone())),
         background.clone(),
     )?;
     crate::upstream::kube::watch(&client, &namespaces, upstreams.clone(), background.clone());

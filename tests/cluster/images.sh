@@ -9,8 +9,9 @@
 #   2. the statically linked runner (cargo, `-C target-feature=+crt-static`);
 #   3. the Dockerfile's images from the binaries built already (`--build-arg BINARIES=prebuilt`):
 #        ghcr.io/toolyard/{gateway,controller,runner,agent,pricing,risk,dev-s3}:<appVersion>
-#      and the test images: the pause and CoreDNS images of the test node, the misbehaving
-#      fixtures, and one tool image of each kind the runner must run in;
+#      and the test images: the pause and CoreDNS images of the test node, an MCP server on the
+#      official Python SDK, the misbehaving fixtures, and one tool image of each kind the runner
+#      must run in;
 #   4. one `docker save` archive of them all: $TOOLYARD_CACHE/images/images.tar (printed last),
 #      which tests/cluster/cluster.sh imports into the node's containerd.
 #
@@ -200,22 +201,20 @@ c=$(context); cp "$BIN/coredns" "$c/coredns"
 printf 'FROM %s\nCOPY coredns /coredns\nENTRYPOINT ["/coredns"]\n' "$CC_IMAGE" >"$c/Dockerfile"
 build "toolyard.local/coredns:$COREDNS_VERSION" "$c"; TAGS+=("toolyard.local/coredns:$COREDNS_VERSION")
 
-# The misbehaving tools' image also holds toolyard[tracing]'s packages (OpenTelemetry's SDK and
-# OTLP exporter, the versions tests/python-requirements.txt pins), so the function's own span
-# is tested on the node: wheels for the image's Python (Debian bookworm's 3.11), downloaded
-# once with the test venv's pip (the build itself has no network) and unpacked.
-otel_packages() {
-  local python=${TOOLYARD_TEST_PYTHON:-$CACHE/venv/bin/python} reqs key dir
-  reqs=$(grep '^opentelemetry-' "$ROOT/tests/python-requirements.txt")
-  key=$(printf '%s\n' "$reqs" | sha256sum | cut -c1-12)
-  dir=$CACHE/images/otel-py311-$key
+# py311_site <name> <requirement...>: the packages of the requirements, as a site folder for the
+# images' Python (Debian bookworm's 3.11): wheels downloaded once with the test venv's pip (the
+# builds themselves have no network), unpacked, and cached by name and requirements.
+py311_site() {
+  local name=$1 python=${TOOLYARD_TEST_PYTHON:-$CACHE/venv/bin/python} key dir
+  shift
+  key=$(printf '%s\n' "$@" | sha256sum | cut -c1-12)
+  dir=$CACHE/images/$name-py311-$key
   if [[ ! -d $dir/site ]]; then
-    rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/wheels" "$dir.tmp/site"
-    # shellcheck disable=SC2086 # one requirement per word
+    rm -rf "$dir.tmp" "$CACHE/images/$name"-py311-* && mkdir -p "$dir.tmp/wheels" "$dir.tmp/site"
     "$python" -m pip download --quiet --disable-pip-version-check --only-binary=:all: \
       --python-version 3.11 --implementation cp --abi cp311 \
-      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
-      -d "$dir.tmp/wheels" $reqs >&2 || die "downloading the OpenTelemetry wheels failed"
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_34_x86_64 --platform any -d "$dir.tmp/wheels" "$@" >&2 || die "downloading the wheels of $* failed"
     for wheel in "$dir.tmp/wheels"/*.whl; do
       "$python" -m zipfile -e "$wheel" "$dir.tmp/site" || die "unpacking $wheel failed"
     done
@@ -223,10 +222,22 @@ otel_packages() {
   fi
   echo "$dir/site"
 }
+
+# The misbehaving tools' image also holds toolyard[tracing]'s packages (OpenTelemetry's SDK and
+# OTLP exporter, the versions tests/python-requirements.txt pins), so the function's own span
+# is tested on the node.
+mapfile -t OTEL_REQS < <(grep '^opentelemetry-' "$ROOT/tests/python-requirements.txt")
 c=$(context); cp "$ROOT/tests/fixtures/misbehaving/"{Dockerfile,misbehaving.py} "$c/"
-cp -r "$(otel_packages)" "$c/otel"
+cp -r "$(py311_site otel "${OTEL_REQS[@]}")" "$c/otel"
 build "ghcr.io/toolyard/test-misbehaving:$VERSION" --build-arg "BASE=ghcr.io/toolyard/pricing:$VERSION" "$c"
 TAGS+=("ghcr.io/toolyard/test-misbehaving:$VERSION")
+
+# An MCP server Toolyard runs in the cluster: the official Python SDK (the version
+# tests/python-requirements.txt pins) and the upstream fixture server, which speaks stdio.
+c=$(context); cp -r "$(py311_site mcp "$(grep '^mcp==' "$ROOT/tests/python-requirements.txt")")" "$c/site"
+cp "$ROOT/tests/fixtures/python/upstream_server.py" "$c/"
+printf 'FROM %s\nCOPY site /app/site\nCOPY upstream_server.py /app/\nENV PYTHONPATH=/app/site\nUSER 65532:65532\n' "$PYTHON_IMAGE" >"$c/Dockerfile"
+build "toolyard.local/test-mcp-python:$VERSION" "$c"; TAGS+=("toolyard.local/test-mcp-python:$VERSION")
 
 # One tool image of each kind the runner must run in: glibc only as a library and no shell
 # (distroless), and no libc at all (busybox). Both hold the echo tool: a C program

@@ -20,3 +20,6 @@ pub const MISBEHAVING: &str = "ghcr.io/toolyard/test-misbehaving:0.1.0";
 pub const ECHO_DISTROLESS: &str = "toolyard.local/test-echo-distroless:0.1.0";
 /// A busybox tool image without any libc; holds `/bin/echo-tool` (a shell script) and `sh`.
 pub const ECHO_BUSYBOX: &str = "toolyard.local/test-echo-busybox:0.1.0";
+/// An MCP server image: Debian's Python with the official MCP Python SDK in `/app/site`
+/// (`PYTHONPATH`) and `/app/upstream_server.py`, the upstream fixture server.
+pub const MCP_PYTHON: &str = "toolyard.local/test-mcp-python:0.1.0";

@@ -403,6 +403,7 @@ async fn scenario(install: &mut Install) {
     cli(install).await;
     risk_with_pricing(install).await;
     hardening(install).await;
+    mcp_server_in_the_cluster(install).await;
     missing_image(install).await;
     cancellation_kills_the_pod(install).await;
     network_policies(install).await;
@@ -701,6 +702,74 @@ async fn hardening(install: &Install) {
     assert!(text_of(&outside).contains("Read-only file system"), "{}", text_of(&outside));
     let inside = call(&client, "write_file", json!({"path": "/tmp/scratch.txt", "text": "hello"})).await;
     assert_eq!(structured(&inside), json!({"written": 5}), "{}", text_of(&inside));
+}
+
+/// An McpServer Toolyard runs: the official Python SDK's fixture server speaking stdio, in a
+/// hardened pod of its own behind `toolyard-runner bridge`. The gateway connects once the
+/// controller reports a pod available and serves its tools; a plain pod cannot reach it; when
+/// its pod is replaced the gateway connects to the new one.
+async fn mcp_server_in_the_cluster(install: &Install) {
+    let team = install.team.clone();
+    kubectl_apply(
+        &team,
+        &format!(
+            "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: desk}}\nspec:\n  runtime:\n    \
+             image: {}\n    command: [python3, /app/upstream_server.py, stdio, /tmp]\n  reconnectDelaysSeconds: [2]\n",
+            images::MCP_PYTHON
+        ),
+    );
+    let client = install.client().await;
+    let c = &client;
+    let answers = move || async move { Ok(desk_quote(c).await == Some(json!({"ticker": "ACME", "price": 12.5}))) };
+    wait_until(Duration::from_secs(180), "desk_get_quote to answer through the gateway", answers)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+
+    let server: Value = serde_json::from_str(&kubectl(&["-n", &team, "get", "mcpserver", "desk", "-o", "json"]))
+        .expect("McpServer JSON");
+    let status = &server["status"];
+    assert_eq!(status["conditions"][0]["type"], "Ready", "{status}");
+    assert_eq!(status["conditions"][0]["status"], "True", "{status}");
+    assert_eq!(status["conditions"][0]["reason"], "ServerAvailable", "{status}");
+    assert_eq!(status["connections"][0]["state"], "Connected", "{status}");
+    assert!(status["connections"][0]["tools"].as_i64().unwrap_or_default() >= 5, "{status}");
+
+    let pods = install.pods(&team, "desk-mcp-").await;
+    let pod = pods.first().expect("the server's pod");
+    let spec = pod.spec.as_ref().expect("pod spec");
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    let container = &spec.containers[0];
+    let security = container.security_context.as_ref().expect("security context");
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.capabilities.as_ref().and_then(|c| c.drop.clone()), Some(vec!["ALL".to_owned()]));
+    assert_eq!(container.command.as_ref().expect("command")[..2], ["/toolyard/bin/toolyard-runner", "bridge"]);
+
+    // Only the gateway reaches the server's pod.
+    let address = format!("{}:8080", install.pod_ip(&team, "desk-mcp-").await);
+    let plain = install.probe_from_pod(&team, &[("app", "not-a-run")], std::slice::from_ref(&address)).await;
+    assert!(!is_open(&plain, &address), "a pod that is not the gateway reached the MCP server: {plain:?}");
+
+    // Its pod is replaced: the gateway connects to the new one.
+    let old = pod.metadata.name.clone().expect("pod name");
+    kubectl(&["-n", &team, "delete", "pod", &old, "--wait=false"]);
+    let (old, team_ref) = (old.as_str(), team.as_str());
+    let replaced = move || async move {
+        let pods = install.pods(team_ref, "desk-mcp-").await;
+        let gone = pods.iter().all(|p| p.metadata.name.as_deref() != Some(old));
+        Ok(gone && desk_quote(c).await == Some(json!({"ticker": "ACME", "price": 12.5})))
+    };
+    wait_until(Duration::from_secs(180), "desk_get_quote to answer from the new pod", replaced)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    kubectl(&["-n", &team, "delete", "mcpserver", "desk"]);
+}
+
+/// The structured answer of `desk_get_quote` for ACME, if the call succeeds.
+async fn desk_quote(client: &Client) -> Option<Value> {
+    let params = rmcp::model::CallToolRequestParams::new("desk_get_quote")
+        .with_arguments(json!({"ticker": "ACME"}).as_object().expect("object").clone());
+    client.call_tool(params).await.ok().filter(|r| r.is_error != Some(true)).and_then(|r| r.structured_content)
 }
 
 /// A tool whose image does not exist: the call fails with ImagePullFailed.

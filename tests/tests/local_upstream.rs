@@ -62,6 +62,16 @@ impl Setup {
 
     /// [`Setup::start`], with the pricing example's functions too when `pricing`.
     async fn start_with(servers: &[(&str, u16)], timeout: u32, pricing: bool) -> Self {
+        let specs: Vec<(&str, String)> = servers
+            .iter()
+            .map(|(name, port)| (*name, format!("url: http://127.0.0.1:{port}/mcp\ntimeoutSeconds: {timeout}")))
+            .collect();
+        Self::start_specs(&specs, pricing).await
+    }
+
+    /// The local mode on McpServers named and specified (`spec:`, as YAML lines) as given,
+    /// reconnecting after 1, 2, then 3 s; with the pricing example's functions when `pricing`.
+    async fn start_specs(servers: &[(&str, String)], pricing: bool) -> Self {
         let dir = TempDir::new("upstream-manifests");
         if pricing {
             let text = std::fs::read_to_string(repo_path("examples/pricing/tools.yaml")).expect("pricing manifests");
@@ -75,9 +85,10 @@ impl Setup {
                 .collect();
             std::fs::write(dir.path().join("pricing.yaml"), docs.join("\n---\n")).expect("manifests written");
         }
-        for (name, port) in servers {
+        for (name, spec) in servers {
+            let spec: String = spec.lines().map(|l| format!("  {l}\n")).collect();
             let manifest = format!(
-                "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec:\n  url: http://127.0.0.1:{port}/mcp\n  reconnectDelaysSeconds: [1, 2, 3]\n  timeoutSeconds: {timeout}\n"
+                "apiVersion: toolyard.dev/v1alpha1\nkind: McpServer\nmetadata: {{name: {name}}}\nspec:\n{spec}  reconnectDelaysSeconds: [1, 2, 3]\n"
             );
             std::fs::write(dir.path().join(format!("{name}.yaml")), manifest).expect("manifest written");
         }
@@ -429,4 +440,81 @@ async fn the_search_endpoint_finds_and_calls_functions_and_upstream_tools_alike(
     // The tools themselves are not callable there by name: only through call_tool.
     let direct = search.call_tool(CallToolRequestParams::new("market_data_get_quote")).await;
     assert!(direct.is_err_and(|e| e.to_string().contains("Unknown tool")));
+}
+
+/// Processes whose command line mentions `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        if String::from_utf8_lossy(&cmdline).contains(marker) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn servers_toolyard_runs_are_started_over_stdio_and_http_and_restarted_when_they_die() {
+    let stdio_markers = TempDir::new("stdio-server-markers");
+    let http_markers = TempDir::new("http-server-markers");
+    let script = repo_path("tests/fixtures/python/upstream_server.py");
+    let python = toolyard_tests::local::python();
+    let port = free_port();
+    let runtime = |args: String| {
+        format!("runtime:\n  image: ghcr.io/acme/upstream:1\n  command: [{python:?}, {:?}, {args}]", script.display())
+    };
+    let stdio = runtime(format!("stdio, {:?}", stdio_markers.path().display().to_string()));
+    let http = format!(
+        "{}\nstreamableHttp: {{port: {port}}}",
+        runtime(format!("\"{port}\", {:?}", http_markers.path().display().to_string()))
+    );
+    let setup = Setup::start_specs(&[("desk", stdio), ("web", http)], false).await;
+    setup.wait_listed("desk_get_quote", true).await;
+    setup.wait_listed("web_get_quote", true).await;
+
+    for tool in ["desk_get_quote", "web_get_quote"] {
+        let quote = setup.call(tool, json!({"ticker": "ACME"})).await;
+        assert_eq!(quote.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})), "{tool}: {quote:?}");
+    }
+    let snapshot = serde_json::to_value(setup.call("desk_snapshot", json!({})).await).expect("json");
+    let kinds: Vec<&str> =
+        snapshot["content"].as_array().expect("content").iter().filter_map(|c| c["type"].as_str()).collect();
+    assert!(kinds.contains(&"image") && kinds.contains(&"audio"), "every content type over stdio: {kinds:?}");
+    let stdio_marker = stdio_markers.path().display().to_string();
+    let http_marker = http_markers.path().display().to_string();
+    assert_eq!(processes_with(&stdio_marker).len(), 1, "one process of the stdio server");
+    assert_eq!(processes_with(&http_marker).len(), 1, "one process of the HTTP server");
+
+    // The stdio server dies: its tools go, the other server keeps answering, and the next
+    // attempt (1 s later) starts it again.
+    for pid in processes_with(&stdio_marker) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).expect("kill");
+    }
+    setup.wait_listed("desk_get_quote", false).await;
+    let quote = setup.call("web_get_quote", json!({"ticker": "INITECH"})).await;
+    assert_eq!(quote.structured_content, Some(json!({"ticker": "INITECH", "price": 3.25})));
+    let status = setup.gateway.upstreams.connections();
+    assert!(status["desk"].last_error.is_some(), "the failure is reported: {:?}", status["desk"]);
+    setup.wait_listed("desk_get_quote", true).await;
+    let quote = setup.call("desk_get_quote", json!({"ticker": "ACME"})).await;
+    assert_eq!(quote.structured_content, Some(json!({"ticker": "ACME", "price": 12.5})));
+    assert_eq!(setup.gateway.upstreams.connections()["desk"].state, ConnectionState::Connected);
+
+    // Stopping the gateway stops both servers' processes.
+    let Setup { gateway, client, _dir, _data, .. } = setup;
+    let _ = client.cancel().await;
+    gateway.shutdown().await.expect("shutdown");
+    for _ in 0..50 {
+        if processes_with(&stdio_marker).is_empty() && processes_with(&http_marker).is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "server processes outlive the gateway: {:?} {:?}",
+        processes_with(&stdio_marker),
+        processes_with(&http_marker)
+    );
 }

@@ -4,6 +4,8 @@
 //!   from the gateway's internal API, CMD run once ([`child`]), logs and result uploaded.
 //! - `serve -- CMD...` ([`serve`]): the Pool-mode HTTP server of a warm pod, with a fresh
 //!   process per call or reused JSON-lines workers.
+//! - `bridge -- CMD...` ([`bridge`]): the network side of an McpServer that speaks MCP on
+//!   stdio, one process of CMD per authenticated TCP connection.
 //! - `agent` ([`agent`]): the code agent of one coding task: model → Python code run in a
 //!   persistent interpreter whose tool stubs call back through the gateway → observations.
 //!
@@ -12,6 +14,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod bridge;
 pub mod call;
 pub mod harden;
 pub mod serve;

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use toolyard_api::protocol::runner_exit;
-use toolyard_runner::{agent, call, serve};
+use toolyard_runner::{agent, bridge, call, serve};
 
 /// Runs a tool command under the Toolyard runner protocol.
 #[derive(Parser, Debug)]
@@ -18,6 +18,8 @@ enum Command {
     Call(call::CallArgs),
     /// Serve a warm pool: run calls posted by the gateway (fresh process or reused worker).
     Serve(serve::ServeArgs),
+    /// Bridge an MCP server that speaks stdio to TCP: one process of CMD per connection.
+    Bridge(bridge::BridgeArgs),
     /// Run a coding task's agent: model -> Python code -> tools through the gateway -> result.
     Agent(agent::AgentArgs),
 }
@@ -50,6 +52,13 @@ fn main() {
                 Ok(()) => 0,
                 Err(e) => {
                     eprintln!("toolyard-runner serve: {e:#}");
+                    runner_exit::RUNNER_ERROR
+                }
+            },
+            Command::Bridge(args) => match bridge::run(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("toolyard-runner bridge: {e:#}");
                     runner_exit::RUNNER_ERROR
                 }
             },

@@ -74,13 +74,13 @@ map their state, and writes only the status of Toolyard objects.
 */}}
 {{- define "toolyard.controller.rules" -}}
 - apiGroups: ["toolyard.dev"]
-  resources: ["mcptools", "toolcalls", "codingtasks"]
+  resources: ["mcptools", "mcpservers", "toolcalls", "codingtasks"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["toolyard.dev"]
   resources: ["toolcalls", "codingtasks"]
   verbs: ["delete"]
 - apiGroups: ["toolyard.dev"]
-  resources: ["mcptools/status", "toolcalls/status", "codingtasks/status"]
+  resources: ["mcptools/status", "mcpservers/status", "toolcalls/status", "codingtasks/status"]
   verbs: ["patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use serde_json::Value;
-use toolyard_api::mcptool::{ExecutionMode, McpToolSpec};
+use toolyard_api::mcptool::{ExecutionMode, McpToolSpec, Runtime};
 
 use super::image;
 
@@ -50,25 +50,37 @@ pub fn check(object_name: &str, spec: &McpToolSpec) -> Result<(), Invalid> {
     {
         problem("spec.outputSchema", e);
     }
-    if let Err(e) = image::check(&spec.runtime.image) {
-        problem("spec.runtime.image", format!("{:?} is not a valid image reference: {e}", spec.runtime.image));
-    }
     if let Some(toolset) = &spec.toolset
         && !is_dns_label(toolset)
     {
         problem("spec.toolset", format!("{toolset:?} must be a DNS label (lowercase letters, digits, '-')"));
     }
-    if let Some(dir) = &spec.runtime.working_dir
+    check_runtime(&spec.runtime, &mut problems);
+    if spec.execution.mode == ExecutionMode::Pool
+        && let Some(p) = check_service_name(object_name, POOL_SUFFIX, "a Pool-mode tool")
+    {
+        problems.push(p);
+    }
+    if problems.is_empty() { Ok(()) } else { Err(Invalid(problems)) }
+}
+
+/// The problems of a `runtime` (an McpTool's or an McpServer's), at `spec.runtime`.
+pub fn check_runtime(runtime: &Runtime, problems: &mut Vec<Problem>) {
+    let mut problem = |field: &str, message: String| problems.push(Problem { field: field.to_owned(), message });
+    if let Err(e) = image::check(&runtime.image) {
+        problem("spec.runtime.image", format!("{:?} is not a valid image reference: {e}", runtime.image));
+    }
+    if let Some(dir) = &runtime.working_dir
         && !dir.starts_with('/')
     {
         problem("spec.runtime.workingDir", format!("{dir:?} must be an absolute path"));
     }
-    if let Some(sa) = &spec.runtime.service_account_name
+    if let Some(sa) = &runtime.service_account_name
         && !is_dns_subdomain(sa)
     {
         problem("spec.runtime.serviceAccountName", format!("{sa:?} is not a valid ServiceAccount name"));
     }
-    for (i, var) in spec.runtime.env.iter().enumerate() {
+    for (i, var) in runtime.env.iter().enumerate() {
         if let Some(r) = &var.secret_key_ref {
             if !is_dns_subdomain(&r.name) {
                 problem(
@@ -84,7 +96,7 @@ pub fn check(object_name: &str, spec: &McpToolSpec) -> Result<(), Invalid> {
             }
         }
     }
-    if let Some(resources) = &spec.runtime.resources {
+    if let Some(resources) = &runtime.resources {
         for (section, map) in [("requests", &resources.requests), ("limits", &resources.limits)] {
             for (name, q) in map.iter().flatten() {
                 if !is_quantity(&q.0) {
@@ -96,19 +108,19 @@ pub fn check(object_name: &str, spec: &McpToolSpec) -> Result<(), Invalid> {
             }
         }
     }
-    if spec.execution.mode == ExecutionMode::Pool {
-        let pool = format!("{object_name}{POOL_SUFFIX}");
-        if !is_dns_label(&pool) || !pool.starts_with(|c: char| c.is_ascii_lowercase()) {
-            problem(
-                "metadata.name",
-                format!(
-                    "a Pool-mode tool's name must start with a letter and be at most {} characters of lowercase letters, digits and '-' (it names the Service {pool:?})",
-                    63 - POOL_SUFFIX.len()
-                ),
-            );
-        }
-    }
-    if problems.is_empty() { Ok(()) } else { Err(Invalid(problems)) }
+}
+
+/// A problem with `metadata.name` when `<object_name><suffix>` cannot name a Service (`what`
+/// says whose: "a Pool-mode tool").
+pub fn check_service_name(object_name: &str, suffix: &str, what: &str) -> Option<Problem> {
+    let service = format!("{object_name}{suffix}");
+    (!is_dns_label(&service) || !service.starts_with(|c: char| c.is_ascii_lowercase())).then(|| Problem {
+        field: "metadata.name".into(),
+        message: format!(
+            "{what}'s name must start with a letter and be at most {} characters of lowercase letters, digits and '-' (it names the Service {service:?})",
+            63 - suffix.len()
+        ),
+    })
 }
 
 /// Compiles a JSON Schema document without fetching anything: remote `$ref`s fail.

@@ -256,11 +256,7 @@ pub fn load_file(file: &Path, text: &str, schemas: &Schemas, loaded: &mut Loaded
         for e in manifest::check_document(&doc, schema) {
             errors.push(ManifestError { file: file.to_owned(), document: n, error: e });
         }
-        if kind == "McpServer" {
-            load_server(file, n, &doc, before, loaded, errors);
-            continue;
-        }
-        // Local mode has no Secrets to read.
+        // Local mode has no Secrets to read (an McpServer's runtime is checked the same way).
         if let Some(env) = doc.pointer("/spec/runtime/env").and_then(Value::as_array) {
             for (j, var) in env.iter().enumerate() {
                 if var.get("secretKeyRef").is_some_and(|r| !r.is_null()) {
@@ -281,6 +277,10 @@ pub fn load_file(file: &Path, text: &str, schemas: &Schemas, loaded: &mut Loaded
                 "not available in local mode (there are no ConfigMaps, Secrets or volume claims); put the files in \
                  the tool folder instead",
             ));
+        }
+        if kind == "McpServer" {
+            load_server(file, n, &doc, before, loaded, errors);
+            continue;
         }
         if errors.len() > before {
             continue;

@@ -267,6 +267,15 @@ pub fn cel_rule(rule: &str) -> Option<Rule> {
             }
         }
         "!self.contains(' ')" => |v| v.as_str().is_some_and(|s| !s.contains(' ')),
+        "self.startsWith('/') && !self.contains(' ')" => {
+            |v| v.as_str().is_some_and(|s| s.starts_with('/') && !s.contains(' '))
+        }
+        "has(self.url) != has(self.runtime)" => |v| present(v, "url") != present(v, "runtime"),
+        "has(self.runtime) || !has(self.streamableHttp)" => |v| present(v, "runtime") || !present(v, "streamableHttp"),
+        "has(self.runtime) || (!has(self.replicas) && !has(self.placement))" => {
+            |v| present(v, "runtime") || (!present(v, "replicas") && !present(v, "placement"))
+        }
+        "has(self.url) || !has(self.auth)" => |v| present(v, "url") || !present(v, "auth"),
         "self.startsWith('https://') || self.startsWith('http://')" => {
             |v| v.as_str().is_some_and(|s| s.starts_with("https://") || s.starts_with("http://"))
         }
@@ -280,6 +289,11 @@ pub fn cel_rule(rule: &str) -> Option<Rule> {
         _ => return None,
     };
     Some(check)
+}
+
+/// CEL's `has(v.key)`: the field is set (and not null).
+fn present(v: &Value, key: &str) -> bool {
+    v.get(key).is_some_and(|x| !x.is_null())
 }
 
 /// Every element of the array `v` has a `key` no other element has.

@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{Semaphore, oneshot};
 use toolyard_api::OwnerKey;
-use toolyard_api::mcptool::ExecutionMode;
+use toolyard_api::mcptool::{ExecutionMode, Runtime};
 use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use toolyard_api::storage::{CallFile, RunId};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
@@ -75,7 +75,11 @@ pub struct Launch {
 impl LaunchSettings {
     /// How `tool` runs here.
     pub fn launch(&self, tool: &Tool) -> Launch {
-        let runtime = &tool.spec.runtime;
+        self.launch_runtime(&tool.spec.runtime)
+    }
+
+    /// How a command of `runtime` (a tool's, or an McpServer's) runs here.
+    pub fn launch_runtime(&self, runtime: &Runtime) -> Launch {
         let mut argv: Vec<String> = runtime.command.iter().chain(&runtime.args).cloned().collect();
         if let Some(real) = argv.first().and_then(|p| self.interpreters.get(p)) {
             argv[0] = real.display().to_string();

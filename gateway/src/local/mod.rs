@@ -42,7 +42,7 @@ use crate::server::{Drain, Listener, ServerSettings, ShutdownTokens};
 use crate::state::{Settings, loopback_hosts};
 use crate::store::fs::{Durability, FsStore};
 use crate::tasks::local::{LocalTaskBackend, LocalTaskSettings, LocalTasks};
-use crate::upstream::{LogStatus, NoCredentials, ServerConfig, Upstreams};
+use crate::upstream::{LocalDialer, LogStatus, ServerConfig, Upstreams};
 use setup::DataDirLock;
 use workers::WarmPools;
 
@@ -264,6 +264,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     crate::store::retention::start(store.clone(), args.data.retention_days, background.clone()).await;
     let pools = Arc::new(WarmPools::start(&catalog.tools(), &launch, background.clone()));
     let results = Arc::new(LocalResults::default());
+    let dialer = LocalDialer::new(launch.clone());
     let executor =
         LocalExecutor::new(launch, key.clone(), store.clone(), results.clone(), pools.clone(), args.max_calls)?;
 
@@ -329,7 +330,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         catalog.clone(),
         args.upstream.settings("local".into()),
         Arc::new(LogStatus),
-        Arc::new(NoCredentials),
+        Arc::new(dialer),
         background.clone(),
     )?;
     upstreams.apply(
@@ -341,6 +342,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
                 name: s.name.clone(),
                 generation: 1,
                 spec: s.spec.clone(),
+                available: true,
             })
             .collect(),
     );

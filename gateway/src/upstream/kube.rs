@@ -1,5 +1,6 @@
-//! McpServer objects on Kubernetes: a watch per served namespace feeding [`Upstreams`], the
-//! servers' credentials from Secrets labelled for them, and this replica's connection in each
+//! McpServer objects on Kubernetes: a watch per served namespace feeding [`Upstreams`], how
+//! each server is reached ([`KubeDialer`]: a URL with its credential from a Secret labelled for
+//! it, or a `runtime` server's Service), and this replica's connection in each
 //! object's `status.connections` (server-side apply, one field manager per replica, so
 //! replicas never overwrite each other's entry).
 
@@ -14,10 +15,13 @@ use kube::runtime::{WatchStreamExt, reflector::ObjectRef};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection as ConnectionStatus, UpstreamAuth};
+use toolyard_api::conditions::{self, status};
+use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection as ConnectionStatus, InCluster, UpstreamAuth};
+use toolyard_api::protocol::bridge;
+use toolyard_api::token::SigningKey;
 use toolyard_api::{API_VERSION, GATEWAY_MANAGER, McpServer};
 
-use super::{Credentials, ServerConfig, StatusSink, Upstreams, credential_header};
+use super::{Dialer, Endpoint, ServerConfig, StatusSink, Upstreams, credential_header};
 use crate::catalog::kube::Namespaces;
 
 /// Limit of one status write or Secret read.
@@ -60,26 +64,56 @@ fn configs(stores: &[Store<McpServer>]) -> Vec<ServerConfig> {
             name: server.name_any(),
             generation: server.metadata.generation.unwrap_or_default(),
             spec: server.spec.clone(),
+            available: server.spec.runtime.is_none() || is_ready(&server),
         })
         .collect()
 }
 
-/// Credentials from a key of a Secret in the McpServer's namespace, used only when the
-/// Secret is labelled `toolyard.dev/mcp-server: <the McpServer's name>`.
-#[derive(Clone)]
-pub struct SecretCredentials {
-    client: Client,
+/// The controller's `Ready` condition of a `runtime` server is True.
+fn is_ready(server: &McpServer) -> bool {
+    let conditions = server.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    conditions::find(conditions, conditions::READY).is_some_and(|c| c.status == status::TRUE)
 }
 
-impl SecretCredentials {
-    /// Reads Secrets with `client` (which may `get` them).
-    pub fn new(client: Client) -> Self {
-        Self { client }
+/// The cluster's [`Dialer`]: a `url` server with the credential of its `auth` (a key of a
+/// Secret in the McpServer's namespace, used only when the Secret is labelled
+/// `toolyard.dev/mcp-server: <the McpServer's name>`); a `runtime` server through its Service,
+/// answering its bridge's nonce with the server's key derived from the shared signing key.
+#[derive(Clone)]
+pub struct KubeDialer {
+    client: Client,
+    key: SigningKey,
+}
+
+impl KubeDialer {
+    /// Reads Secrets with `client` (which may `get` them); derives bridge keys from `key`.
+    pub fn new(client: Client, key: SigningKey) -> Self {
+        Self { client, key }
     }
 }
 
 #[async_trait::async_trait]
-impl Credentials for SecretCredentials {
+impl Dialer for KubeDialer {
+    async fn endpoint(&self, server: &ServerConfig) -> Result<Endpoint, String> {
+        let (namespace, name) = (server.namespace.as_str(), server.name.as_str());
+        match server.spec.in_cluster(name, namespace) {
+            Some(InCluster::Http(url)) => return Ok(Endpoint::Http { url, credential: None }),
+            Some(InCluster::Bridge(address)) => {
+                let key = self.key.derive(&bridge::key_purpose(namespace, name));
+                return Ok(Endpoint::Bridge { address, key });
+            }
+            None => {}
+        }
+        let url = server.spec.url.clone().ok_or("the McpServer has neither url nor runtime")?;
+        let credential = match &server.spec.auth {
+            Some(auth) => Some(self.header(namespace, name, auth).await?),
+            None => None,
+        };
+        Ok(Endpoint::Http { url, credential })
+    }
+}
+
+impl KubeDialer {
     async fn header(
         &self,
         namespace: &str,

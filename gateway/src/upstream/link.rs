@@ -1,4 +1,5 @@
-//! One connection to an upstream MCP server (an rmcp client over Streamable HTTP), and the
+//! One connection to an upstream MCP server (an rmcp client over Streamable HTTP, or over
+//! the stdio of a process: local, or in a pod behind `toolyard-runner bridge`), and the
 //! [`Executor`] its tools' calls run on.
 //!
 //! The connection sends only the server's own credential (from its McpServer), never a
@@ -8,6 +9,7 @@
 //! in [`CallResult::mcp`].
 
 use std::collections::HashMap;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -23,23 +25,51 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Notify;
 use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
+use toolyard_api::token::SigningKey;
+use toolyard_process::child::ProcessGroup;
 
 use crate::catalog::PromptSource;
 use crate::executor::events::ProgressSender;
+use crate::executor::local::{Launch, gateway_only_env};
 use crate::executor::{CallRequest, Executor};
 
 /// Largest answer (one JSON body or SSE event) taken from an upstream server.
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
+/// Longest line of a process's stdio transport (one JSON-RPC message) and of the bridge's
+/// nonce.
+const MAX_NONCE_LINE: u64 = 256;
+
 /// How to reach one server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// Streamable HTTP URL.
-    pub url: String,
-    /// A header sent with every request (the server's credential), never logged.
-    pub credential: Option<(HeaderName, HeaderValue)>,
+#[derive(Clone, Debug)]
+pub enum Endpoint {
+    /// Streamable HTTP.
+    Http {
+        /// Its URL.
+        url: String,
+        /// A header sent with every request (the server's credential), never logged.
+        credential: Option<(HeaderName, HeaderValue)>,
+    },
+    /// `toolyard-runner bridge` at `address` (`host:port`), in front of a process speaking
+    /// stdio; `key` answers its nonce.
+    Bridge {
+        /// `host:port`.
+        address: String,
+        /// The server's derived key.
+        key: SigningKey,
+    },
+    /// A local process speaking MCP on stdio, started for this connection.
+    Process(Launch),
+    /// A local process serving Streamable HTTP at `url`, started for this connection.
+    HttpProcess {
+        /// How it starts.
+        launch: Launch,
+        /// Where it serves.
+        url: String,
+    },
 }
 
 /// What the connection's client side hears from the server.
@@ -131,26 +161,112 @@ pub struct Listing {
     pub prompts: Vec<rmcp::model::Prompt>,
 }
 
-/// A live connection.
+/// A live connection, and the local process it started, if any (killed with it).
 pub struct Connection {
     service: RunningService<RoleClient, Listener>,
+    _process: Option<Process>,
+}
+
+/// A process started for a connection: its whole group is killed when dropped.
+struct Process {
+    child: tokio::process::Child,
+    _group: ProcessGroup,
+}
+
+impl Process {
+    fn start(launch: &Launch, stdio: bool) -> Result<Self, String> {
+        let Some(program) = launch.argv.first() else { return Err("the runtime has no command".into()) };
+        let mut command = tokio::process::Command::new(program);
+        command.args(&launch.argv[1..]).current_dir(&launch.cwd).process_group(0).kill_on_drop(true);
+        for name in gateway_only_env() {
+            command.env_remove(name);
+        }
+        command.envs(launch.env.iter().map(|(k, v)| (k, v)));
+        command.stdin(if stdio { Stdio::piped() } else { Stdio::null() }).stdout(if stdio {
+            Stdio::piped()
+        } else {
+            Stdio::inherit()
+        });
+        let child = command.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
+        let group = ProcessGroup::new(child.id());
+        Ok(Self { child, _group: group })
+    }
+}
+
+/// An `initialize` handshake under way.
+type Handshake = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<RunningService<RoleClient, Listener>, rmcp::service::ClientInitializeError>,
+            > + Send,
+    >,
+>;
+
+/// The handshake of a Streamable HTTP session with `url`.
+fn http_session(
+    listener: Listener,
+    http: reqwest::Client,
+    url: &str,
+    credential: Option<&(HeaderName, HeaderValue)>,
+) -> Handshake {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    config.max_json_response_size = MAX_RESPONSE_BYTES;
+    config.max_sse_event_size = MAX_RESPONSE_BYTES;
+    if let Some((name, value)) = credential {
+        config = config.custom_headers(HashMap::from([(name.clone(), value.clone())]));
+    }
+    let transport = StreamableHttpClientTransport::with_client(http, config);
+    Box::pin(listener.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize))
+}
+
+/// Waits until something accepts connections at `url`'s host and port (a process starting).
+async fn listening(url: &str, timeout: Duration) -> Result<(), String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    let address =
+        format!("{}:{}", parsed.host_str().unwrap_or("127.0.0.1"), parsed.port_or_known_default().unwrap_or(80));
+    let wait = async {
+        loop {
+            if tokio::net::TcpStream::connect(&address).await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(timeout, wait)
+        .await
+        .map_err(|_| format!("the server's command does not listen on {address} within {} s", timeout.as_secs()))
+}
+
+/// Connects to `toolyard-runner bridge` at `address` and answers its nonce with `key`.
+async fn bridge(
+    address: &str,
+    key: &SigningKey,
+) -> Result<(BufReader<tokio::net::tcp::OwnedReadHalf>, tokio::net::tcp::OwnedWriteHalf), String> {
+    let stream =
+        tokio::net::TcpStream::connect(address).await.map_err(|e| format!("cannot connect to {address}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    let mut nonce = String::new();
+    match (&mut reader).take(MAX_NONCE_LINE).read_line(&mut nonce).await {
+        Ok(n) if n > 0 && nonce.ends_with('\n') => {}
+        Ok(_) => return Err(format!("{address} is not a Toolyard bridge (no nonce line)")),
+        Err(e) => return Err(format!("reading the bridge's nonce failed: {e}")),
+    }
+    let proof = key.prove(nonce.trim_end());
+    write.write_all(format!("{proof}\n").as_bytes()).await.map_err(|e| format!("answering the bridge failed: {e}"))?;
+    Ok((reader, write))
 }
 
 impl Connection {
-    /// Connects and completes the `initialize` handshake within `timeout`.
+    /// Connects (starting the server's process if it is a local one) and completes the
+    /// `initialize` handshake within `timeout`.
     pub async fn open(
         endpoint: &Endpoint,
         http: reqwest::Client,
         timeout: Duration,
         link: &Link,
     ) -> Result<Self, String> {
-        let mut config = StreamableHttpClientTransportConfig::with_uri(endpoint.url.clone());
-        config.max_json_response_size = MAX_RESPONSE_BYTES;
-        config.max_sse_event_size = MAX_RESPONSE_BYTES;
-        if let Some((name, value)) = &endpoint.credential {
-            config = config.custom_headers(HashMap::from([(name.clone(), value.clone())]));
-        }
-        let transport = StreamableHttpClientTransport::with_client(http, config);
         let listener = Listener {
             info: ClientConfig::new(
                 ClientCapabilities::default(),
@@ -159,9 +275,35 @@ impl Connection {
             progress: link.progress.clone(),
             list_changed: link.list_changed.clone(),
         };
-        let handshake = listener.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize);
-        match tokio::time::timeout(timeout, handshake).await {
-            Ok(Ok(service)) => Ok(Self { service }),
+        let started = Instant::now();
+        let (handshake, process) = match endpoint {
+            Endpoint::Http { url, credential } => (http_session(listener, http, url, credential.as_ref()), None),
+            Endpoint::HttpProcess { launch, url } => {
+                let process = Process::start(launch, false)?;
+                listening(url, timeout).await?;
+                (http_session(listener, http, url, None), Some(process))
+            }
+            Endpoint::Process(launch) => {
+                let mut process = Process::start(launch, true)?;
+                let (Some(stdout), Some(stdin)) = (process.child.stdout.take(), process.child.stdin.take()) else {
+                    return Err("the server's stdio is not piped".into());
+                };
+                (
+                    Box::pin(listener.serve_with_lifecycle((stdout, stdin), ClientLifecycleMode::Initialize))
+                        as Handshake,
+                    Some(process),
+                )
+            }
+            Endpoint::Bridge { address, key } => {
+                let transport = tokio::time::timeout(timeout, bridge(address, key))
+                    .await
+                    .map_err(|_| format!("no answer from {address} within {} s", timeout.as_secs()))??;
+                (Box::pin(listener.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)) as Handshake, None)
+            }
+        };
+        let left = timeout.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, handshake).await {
+            Ok(Ok(service)) => Ok(Self { service, _process: process }),
             Ok(Err(e)) => Err(format!("the MCP handshake failed: {}", error_chain(&e))),
             Err(_) => Err(format!("no answer to the MCP handshake within {} s", timeout.as_secs())),
         }

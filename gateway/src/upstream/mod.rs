@@ -28,8 +28,10 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::mcpserver::{Connection as ConnectionStatus, ConnectionState, McpServerSpec, UpstreamAuth};
 use toolyard_api::mcptool::{Execution, ExecutionMode, McpToolSpec, RESERVED_TOOL_NAMES, Runtime, ToolAnnotations};
 
-use self::link::{Connection, Endpoint, Link, Listing};
+pub use self::link::Endpoint;
+use self::link::{Connection, Link, Listing};
 use crate::catalog::{Prompt, PromptSource, Tool, ToolCatalog, Upstream};
+use crate::executor::local::LaunchSettings;
 
 /// Longest tool name served (MCP allows 128 characters).
 pub const MAX_TOOL_NAME: usize = 128;
@@ -48,6 +50,9 @@ pub struct ServerConfig {
     pub generation: i64,
     /// Its spec.
     pub spec: McpServerSpec,
+    /// False while a `runtime` server has no pod available (the controller's `Ready`): no
+    /// attempt is made until it has one.
+    pub available: bool,
 }
 
 impl ServerConfig {
@@ -74,27 +79,49 @@ pub trait StatusSink: Send + Sync + 'static {
     }
 }
 
-/// Where the credentials of servers with `auth` come from (read at each connection attempt,
-/// so a changed Secret is used from the next one on).
+/// Where each server is reached, on this backend: a `url` server at its URL (with the
+/// credential of its `auth`, read at each connection attempt, so a changed Secret is used from
+/// the next one on), a `runtime` server through the cluster's Service or as a local process.
 #[async_trait]
-pub trait Credentials: Send + Sync + 'static {
-    /// The header to send to server `server` of `namespace`, as `auth` says.
-    async fn header(
-        &self,
-        namespace: &str,
-        server: &str,
-        auth: &UpstreamAuth,
-    ) -> Result<(HeaderName, HeaderValue), String>;
+pub trait Dialer: Send + Sync + 'static {
+    /// How to reach `server` now.
+    async fn endpoint(&self, server: &ServerConfig) -> Result<Endpoint, String>;
 }
 
-/// No credentials (local mode, where manifests with `auth` are refused when loaded).
-#[derive(Debug, Default)]
-pub struct NoCredentials;
+/// The local mode's [`Dialer`]: URLs without credentials (manifests with `auth` are refused
+/// when loaded), `runtime` commands started on this machine as [`LaunchSettings`] says.
+#[derive(Debug)]
+pub struct LocalDialer {
+    launch: LaunchSettings,
+}
+
+impl LocalDialer {
+    /// Starts runtime commands as `launch` says (in the tools folder, interpreters resolved).
+    pub fn new(launch: LaunchSettings) -> Self {
+        Self { launch }
+    }
+}
 
 #[async_trait]
-impl Credentials for NoCredentials {
-    async fn header(&self, _: &str, _: &str, _: &UpstreamAuth) -> Result<(HeaderName, HeaderValue), String> {
-        Err("credentials from Secrets are not available in local mode".into())
+impl Dialer for LocalDialer {
+    async fn endpoint(&self, server: &ServerConfig) -> Result<Endpoint, String> {
+        let spec = &server.spec;
+        if spec.auth.is_some() {
+            return Err("credentials from Secrets are not available in local mode".into());
+        }
+        match (&spec.url, &spec.runtime) {
+            (Some(url), _) => Ok(Endpoint::Http { url: url.clone(), credential: None }),
+            (None, Some(runtime)) => {
+                let launch = self.launch.launch_runtime(runtime);
+                Ok(match &spec.streamable_http {
+                    Some(http) => {
+                        Endpoint::HttpProcess { launch, url: format!("http://127.0.0.1:{}{}", http.port, http.path) }
+                    }
+                    None => Endpoint::Process(launch),
+                })
+            }
+            (None, None) => Err("the McpServer has neither url nor runtime".into()),
+        }
     }
 }
 
@@ -196,7 +223,7 @@ struct Inner {
     settings: UpstreamSettings,
     http: reqwest::Client,
     sink: Arc<dyn StatusSink>,
-    credentials: Arc<dyn Credentials>,
+    dialer: Arc<dyn Dialer>,
     servers: Mutex<BTreeMap<Key, Server>>,
     tools: RwLock<Arc<Vec<Arc<Tool>>>>,
     prompts: RwLock<Arc<Vec<Arc<Prompt>>>>,
@@ -218,13 +245,13 @@ impl std::fmt::Debug for Upstreams {
 
 impl Upstreams {
     /// The catalog over `functions`, with no server yet ([`Upstreams::apply`] sets them);
-    /// connection states go to `sink`, credentials come from `credentials`. Its tasks stop
-    /// with `background`.
+    /// connection states go to `sink`, `dialer` says how each server is reached. Its tasks
+    /// stop with `background`.
     pub fn new(
         functions: Arc<dyn ToolCatalog>,
         settings: UpstreamSettings,
         sink: Arc<dyn StatusSink>,
-        credentials: Arc<dyn Credentials>,
+        dialer: Arc<dyn Dialer>,
         background: CancellationToken,
     ) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
@@ -237,7 +264,7 @@ impl Upstreams {
                 settings,
                 http,
                 sink,
-                credentials,
+                dialer,
                 servers: Mutex::default(),
                 tools: RwLock::default(),
                 prompts: RwLock::default(),
@@ -521,6 +548,16 @@ impl ServerTask {
             .iter()
             .map(|d| u64::try_from((*d).max(1)).unwrap_or(30))
             .collect();
+        if !self.config.available {
+            self.upstreams.update(&key, &self.link, None, |s| {
+                s.state = ConnectionState::Waiting;
+                s.last_error = Some(format!(
+                    "no pod of the server is available yet (Deployment {}); connecting once one is",
+                    toolyard_api::mcpserver::workload_name(&self.config.name)
+                ));
+            });
+            return;
+        }
         let mut failures: usize = 0;
         loop {
             let error = tokio::select! {
@@ -549,14 +586,10 @@ impl ServerTask {
     /// Connects, serves the server's tools while it answers, and returns why it stopped.
     async fn connected_session(&self, key: &Key, settings: &UpstreamSettings) -> String {
         let inner = &self.upstreams.inner;
-        let credential = match &self.config.spec.auth {
-            Some(auth) => match inner.credentials.header(&self.config.namespace, &self.config.name, auth).await {
-                Ok(header) => Some(header),
-                Err(e) => return e,
-            },
-            None => None,
+        let endpoint = match inner.dialer.endpoint(&self.config).await {
+            Ok(endpoint) => endpoint,
+            Err(e) => return e,
         };
-        let endpoint = Endpoint { url: self.config.spec.url.clone(), credential };
         let connection =
             match Connection::open(&endpoint, inner.http.clone(), settings.connect_timeout, &self.link).await {
                 Ok(c) => c,

@@ -46,7 +46,7 @@ use toolyard_gateway::state::{AppState, Settings};
 use toolyard_gateway::store::ArtifactStore;
 use toolyard_gateway::store::s3::S3Store;
 use toolyard_gateway::tasks::kube::KubeTasks;
-use toolyard_gateway::upstream::kube::{SecretCredentials, StatusPatcher};
+use toolyard_gateway::upstream::kube::{KubeDialer, StatusPatcher};
 use toolyard_gateway::upstream::{UpstreamArgs, Upstreams};
 use toolyard_tests::{TestEnv, User, wait_until};
 
@@ -414,7 +414,7 @@ impl Gateway {
             Arc::new(catalog.clone()),
             upstream_args.settings(REPLICA.into()),
             Arc::new(StatusPatcher::new(client.clone(), REPLICA)),
-            Arc::new(SecretCredentials::new(client.clone())),
+            Arc::new(KubeDialer::new(client.clone(), signing_key())),
             background.clone(),
         )
         .expect("upstreams");

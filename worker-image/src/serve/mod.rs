@@ -195,7 +195,8 @@ fn now() -> i64 {
         .unwrap_or(0)
 }
 
-async fn shutdown_signal(stdin_eof: bool) {
+/// Returns on SIGTERM or SIGINT, or (with `stdin_eof`) when stdin closes.
+pub(crate) async fn shutdown_signal(stdin_eof: bool) {
     use tokio::io::AsyncReadExt;
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).ok();
