@@ -15,7 +15,7 @@ use gateway_support::{
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
 use serde_json::{Value, json};
 use toolyard_api::McpServer;
 use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection, ConnectionState};
@@ -122,11 +122,30 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     let who = who.structured_content.expect("structured");
     assert_eq!(who["authorization"], Value::String(format!("Bearer {CREDENTIAL}")), "{who}");
 
-    // bob may not: he sees none of the tools, and a call is answered as for an unknown tool.
+    // Its resources, under their own URIs: one listed, the others through its template.
+    let resources = alice.list_all_resources().await.expect("resources/list");
+    assert!(resources.iter().any(|r| r.uri == "quotes://ACME/last"), "{resources:?}");
+    let templates = alice.list_all_resource_templates().await.expect("resources/templates/list");
+    assert!(templates.iter().any(|t| t.uri_template == "quotes://{ticker}/history"), "{templates:?}");
+    let read = |uri: &str| ReadResourceRequestParams::new(uri.to_owned());
+    let last =
+        serde_json::to_value(alice.read_resource(read("quotes://ACME/last")).await.expect("read")).expect("json");
+    assert_eq!(last["contents"][0]["text"], r#"{"ticker": "ACME", "price": 12.5}"#, "{last}");
+    let history =
+        serde_json::to_value(alice.read_resource(read("quotes://INITECH/history")).await.expect("read")).expect("json");
+    assert_eq!(history["contents"][0]["text"], "INITECH: 12.0, 12.25, 12.5", "{history}");
+
+    // bob may not: he sees none of the tools or resources, and a call or a read is answered as
+    // for an unknown tool or resource.
     let bob = gw.client(User::Bob).await;
     assert!(!listed(&bob).await.iter().any(|n| n.starts_with("market_data_")));
     let denied = bob.call_tool(CallToolRequestParams::new("market_data_get_quote")).await;
     assert!(denied.is_err_and(|e| e.to_string().contains("Unknown tool")));
+    let resources = bob.list_all_resources().await.expect("resources/list");
+    assert!(!resources.iter().any(|r| r.uri.starts_with("quotes://")), "{resources:?}");
+    let unread = bob.read_resource(read("quotes://ACME/last")).await.expect_err("not bob's");
+    let unknown = bob.read_resource(read("quotes://nothing")).await.expect_err("nobody's");
+    assert_eq!(unread.to_string().replace("ACME/last", "nothing"), unknown.to_string(), "alike: {unread}");
 
     // Away: the status says so with the next retry, and the tools leave the listing.
     drop(upstream);

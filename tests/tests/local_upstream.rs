@@ -134,15 +134,17 @@ impl Setup {
         tools.into_iter().map(|t| t.name.to_string()).collect()
     }
 
-    /// Waits until `tools/list` does (`present`) or does not show `name`.
+    /// Waits (up to a minute: a loaded machine slows the servers' start) until `tools/list`
+    /// does (`present`) or does not show `name`.
     async fn wait_listed(&self, name: &str, present: bool) {
-        for _ in 0..300 {
+        for _ in 0..600 {
             if self.tool_names().await.iter().any(|n| n == name) == present {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("{name} listed: expected {present}; tools: {:?}", self.tool_names().await);
+        let connections = self.gateway.upstreams.connections();
+        panic!("{name} listed: expected {present}; tools: {:?}; connections: {connections:?}", self.tool_names().await);
     }
 
     async fn call(&self, tool: &str, arguments: Value) -> CallToolResult {

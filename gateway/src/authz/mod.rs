@@ -7,7 +7,7 @@
 
 use async_trait::async_trait;
 
-use crate::catalog::{Prompt, Tool};
+use crate::catalog::{Prompt, ServedResource, Tool};
 use crate::identity::Identity;
 
 pub mod config;
@@ -29,6 +29,9 @@ pub trait Authorizer: Send + Sync + 'static {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool>;
     /// May `who` list and get `prompt` (of an upstream server; decided like its tools)?
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool>;
+    /// May `who` list and read `resource` (of an upstream server: whoever may use the whole
+    /// server)?
+    async fn can_read_resource(&self, who: &Identity, resource: &ServedResource) -> crate::Result<bool>;
     /// May `who` start a coding task in `namespace` (empty in embedded mode)?
     async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool>;
     /// May `who`'s coding tasks in `namespace` use the model profile `profile`?

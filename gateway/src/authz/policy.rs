@@ -28,7 +28,7 @@ use serde::Deserialize;
 use super::Authorizer;
 use super::metrics::AuthzMetrics;
 use crate::auth::chain::ANONYMOUS_ISSUER;
-use crate::catalog::{Prompt, Tool};
+use crate::catalog::{Prompt, ServedResource, Tool};
 use crate::identity::Identity;
 
 /// Problems with a policy file; each names the file and, for content, the field.
@@ -272,6 +272,12 @@ impl Authorizer for PolicyAuthorizer {
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool> {
         let allowed = self.allows_tool(who, &prompt.name, &prompt.object_name);
         self.metrics.decision("static", "prompt", if allowed { "allow" } else { "deny" });
+        Ok(allowed)
+    }
+
+    async fn can_read_resource(&self, who: &Identity, resource: &ServedResource) -> crate::Result<bool> {
+        let allowed = self.allows_tool(who, &resource.object_name, &resource.object_name);
+        self.metrics.decision("static", "resource", if allowed { "allow" } else { "deny" });
         Ok(allowed)
     }
 

@@ -34,7 +34,7 @@ use super::Authorizer;
 use super::metrics::AuthzMetrics;
 use super::subject::{Subject, SubjectMapping};
 use crate::auth::cache::TtlCache;
-use crate::catalog::{Prompt, Tool};
+use crate::catalog::{Prompt, ServedResource, Tool};
 use crate::identity::Identity;
 
 /// API group of Toolyard's resources.
@@ -268,6 +268,12 @@ impl Authorizer for SarAuthorizer {
         let names = server_names(&prompt.object_name, &prompt.upstream_name);
         let answer = self.first_allow(who, SERVERS_RESOURCE, &prompt.namespace, names).await;
         Ok(self.record("prompt", answer))
+    }
+
+    async fn can_read_resource(&self, who: &Identity, resource: &ServedResource) -> crate::Result<bool> {
+        let names = vec![None, Some(resource.object_name.clone())];
+        let answer = self.first_allow(who, SERVERS_RESOURCE, &resource.namespace, names).await;
+        Ok(self.record("resource", answer))
     }
 
     async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool> {

@@ -153,6 +153,62 @@ pub trait PromptSource: Send + Sync + 'static {
     async fn get(&self, name: &str, arguments: Map<String, Value>) -> Result<Value, String>;
 }
 
+/// A resource, or a resource template, of an upstream MCP server as the gateway serves it:
+/// its URI unchanged, readable by whoever may use the server as a whole.
+pub struct ServedResource {
+    /// Namespace of its McpServer (empty in embedded mode).
+    pub namespace: String,
+    /// Its McpServer's name: what RBAC names.
+    pub object_name: String,
+    /// Its McpServer's toolset.
+    pub toolset: Option<String>,
+    /// Its URI, or for a template its `uriTemplate`.
+    pub uri: String,
+    /// A template: the part of its `uriTemplate` before the first `{`, which every URI it
+    /// expands to starts with.
+    pub template_prefix: Option<String>,
+    /// The MCP `Resource` (or `ResourceTemplate`) as the server lists it.
+    pub listing: Value,
+    /// Where `resources/read` goes.
+    pub source: Arc<dyn ResourceSource>,
+}
+
+impl std::fmt::Debug for ServedResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedResource")
+            .field("uri", &self.uri)
+            .field("server", &self.object_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServedResource {
+    /// How well this resource answers for `uri`: `Some(len)` for the resource itself (the
+    /// longest) or for a template whose prefix `uri` starts with, `None` otherwise.
+    pub fn matches(&self, uri: &str) -> Option<usize> {
+        match &self.template_prefix {
+            None => (self.uri == uri).then_some(usize::MAX),
+            Some(prefix) => (uri.starts_with(prefix.as_str()) && uri.len() > prefix.len()).then_some(prefix.len()),
+        }
+    }
+}
+
+/// Why an upstream server did not give a resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResourceError {
+    /// The server does not have it.
+    NotFound,
+    /// The server failed or is unreachable (the message says which).
+    Failed(String),
+}
+
+/// Answers `resources/read` for the resources of one server.
+#[async_trait::async_trait]
+pub trait ResourceSource: Send + Sync + 'static {
+    /// The MCP `ReadResourceResult` of `uri`, or why not.
+    async fn read(&self, uri: &str) -> Result<Value, ResourceError>;
+}
+
 /// Source of tools. Implementations keep a current snapshot and bump a version on change.
 pub trait ToolCatalog: Send + Sync + 'static {
     /// Every tool that can be listed (Ready), in a stable order.
@@ -168,5 +224,48 @@ pub trait ToolCatalog: Send + Sync + 'static {
     /// The prompts of connected upstream servers, sorted by name (none without servers).
     fn prompts(&self) -> Vec<Arc<Prompt>> {
         Vec::new()
+    }
+    /// The resources and resource templates of connected upstream servers (none without
+    /// servers).
+    fn resources(&self) -> Vec<Arc<ServedResource>> {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+
+    #[async_trait::async_trait]
+    impl ResourceSource for Nowhere {
+        async fn read(&self, _uri: &str) -> Result<Value, ResourceError> {
+            Err(ResourceError::NotFound)
+        }
+    }
+
+    fn resource(uri: &str, template: bool) -> ServedResource {
+        ServedResource {
+            namespace: String::new(),
+            object_name: "s".into(),
+            toolset: None,
+            uri: uri.into(),
+            template_prefix: template.then(|| uri.split('{').next().unwrap_or_default().to_owned()),
+            listing: Value::Null,
+            source: Arc::new(Nowhere),
+        }
+    }
+
+    #[test]
+    fn a_listed_uri_beats_templates_and_longer_template_prefixes_win() {
+        let exact = resource("quotes://ACME/last", false);
+        let broad = resource("quotes://{ticker}/history", true);
+        let narrow = resource("quotes://ACME/{field}", true);
+        assert_eq!(exact.matches("quotes://ACME/last"), Some(usize::MAX));
+        assert_eq!(exact.matches("quotes://ACME/lastx"), None, "a listed URI matches itself only");
+        assert!(narrow.matches("quotes://ACME/open") > broad.matches("quotes://ACME/open"));
+        assert_eq!(broad.matches("quotes://"), None, "a template needs something after its prefix");
+        assert_eq!(broad.matches("files://x"), None);
     }
 }

@@ -10,7 +10,8 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
     Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult, ListResourcesResult,
     ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool as McpTool,
+    ReadResourceResult, Resource, ResourceTemplate, ServerCapabilities, ServerConfig, SubscriptionFilter,
+    Tool as McpTool,
 };
 use rmcp::model::{GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult, Prompt as McpPrompt};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::builtin::Builtin;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
-use crate::catalog::{Prompt, Tool};
+use crate::catalog::{Prompt, ResourceError, ServedResource, Tool};
 use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
 use crate::executor::CallState;
@@ -668,33 +669,71 @@ impl McpHandler {
     async fn visible_prompts(&self, info: &RequestInfo<'_>) -> Result<Vec<Arc<Prompt>>, ErrorData> {
         let who = info.identity()?;
         let scope = info.scope();
-        let candidates: Vec<Arc<Prompt>> = self
+        let candidates =
+            self.state.catalog.prompts().into_iter().filter(|p| scope.shows_server_of(p.toolset.as_deref())).collect();
+        let authorizer = &self.state.authorizer;
+        self.permitted(candidates, |p| async move { authorizer.can_get_prompt(who, &p).await.map(|ok| (p, ok)) }).await
+    }
+
+    /// The upstream servers' resources and resource templates the caller may read here.
+    async fn visible_resources(&self, info: &RequestInfo<'_>) -> Result<Vec<Arc<ServedResource>>, ErrorData> {
+        let who = info.identity()?;
+        let scope = info.scope();
+        let candidates = self
             .state
             .catalog
-            .prompts()
+            .resources()
             .into_iter()
-            .filter(|p| match &scope {
-                Scope::All => true,
-                Scope::Toolset(toolset) => p.toolset.as_deref() == Some(toolset.as_str()),
-                Scope::Search => false,
-            })
+            .filter(|r| scope.shows_server_of(r.toolset.as_deref()))
             .collect();
         let authorizer = &self.state.authorizer;
-        let decisions: Vec<_> = futures::stream::iter(candidates)
-            .map(|p| async move {
-                let allowed = authorizer.can_get_prompt(who, &p).await;
-                (p, allowed)
-            })
-            .buffered(16)
-            .collect()
-            .await;
+        self.permitted(candidates, |r| async move { authorizer.can_read_resource(who, &r).await.map(|ok| (r, ok)) })
+            .await
+    }
+
+    /// The `candidates` that `decide` allows (decided 16 at a time, in order).
+    async fn permitted<T, F, Fut>(&self, candidates: Vec<Arc<T>>, decide: F) -> Result<Vec<Arc<T>>, ErrorData>
+    where
+        F: Fn(Arc<T>) -> Fut,
+        Fut: std::future::Future<Output = crate::Result<(Arc<T>, bool)>>,
+    {
+        let decisions: Vec<_> = futures::stream::iter(candidates).map(decide).buffered(16).collect().await;
         let mut visible = Vec::new();
-        for (prompt, allowed) in decisions {
-            if allowed.map_err(|e| self.platform_error(&e))? {
-                visible.push(prompt);
+        for decision in decisions {
+            let (item, allowed) = decision.map_err(|e| self.platform_error(&e))?;
+            if allowed {
+                visible.push(item);
             }
         }
         Ok(visible)
+    }
+
+    /// `resources/read` of an upstream server's resource: the one listed with `uri`, else
+    /// the template with the longest prefix of it; `None` when no server has it.
+    async fn upstream_resource(
+        &self,
+        uri: &str,
+        info: &RequestInfo<'_>,
+    ) -> Option<Result<ReadResourceResult, ErrorData>> {
+        if uri.starts_with("toolyard://") {
+            return None;
+        }
+        let visible = match self.visible_resources(info).await {
+            Ok(v) => v,
+            Err(e) => return Some(Err(e)),
+        };
+        let best = visible.iter().filter_map(|r| r.matches(uri).map(|rank| (rank, r))).max_by_key(|(rank, _)| *rank)?;
+        let answer = match best.1.source.read(uri).await {
+            Ok(value) => serde_json::from_value(value).map_err(|e| {
+                ErrorData::internal_error(
+                    format!("the MCP server answered resources/read with something else: {e}"),
+                    None,
+                )
+            }),
+            Err(ResourceError::NotFound) => Err(resources::not_found(uri)),
+            Err(ResourceError::Failed(message)) => Err(ErrorData::internal_error(message, None)),
+        };
+        Some(answer)
     }
 
     async fn prompt(
@@ -768,7 +807,12 @@ impl ServerHandler for McpHandler {
                 .enable_tasks()
                 .build()
         } else {
-            ServerCapabilities::builder().enable_prompts().enable_tools().enable_tool_list_changed().build()
+            ServerCapabilities::builder()
+                .enable_prompts()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .enable_resources()
+                .build()
         };
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(self.state.settings.server_name.clone(), env!("CARGO_PKG_VERSION")))
@@ -821,13 +865,29 @@ impl ServerHandler for McpHandler {
         result
     }
 
+    /// The caller's task results (paginated), then, on the first page, the resources of the
+    /// upstream servers the caller may use.
     async fn list_resources(
         &self,
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let who = Self::identity(&context)?;
-        let result = resources::list(&self.state, who, request.and_then(|r| r.cursor).as_deref()).await;
+        let cursor = request.and_then(|r| r.cursor);
+        let mut result = resources::list(&self.state, who, cursor.as_deref()).await;
+        if let Ok(page) = result.as_mut()
+            && cursor.is_none()
+        {
+            match self.visible_resources(&RequestInfo::from_context(&context)).await {
+                Ok(upstream) => page.resources.extend(
+                    upstream
+                        .iter()
+                        .filter(|r| r.template_prefix.is_none())
+                        .filter_map(|r| serde_json::from_value::<Resource>(r.listing.clone()).ok()),
+                ),
+                Err(e) => result = Err(e),
+            }
+        }
         self.count("resources/list", result.is_ok());
         result
     }
@@ -838,8 +898,19 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         Self::identity(&context)?;
-        self.count("resources/templates/list", true);
-        Ok(if self.state.tasks.is_some() { resources::templates() } else { ListResourceTemplatesResult::default() })
+        let mut templates =
+            if self.state.tasks.is_some() { resources::templates() } else { ListResourceTemplatesResult::default() };
+        let result = self.visible_resources(&RequestInfo::from_context(&context)).await.map(|upstream| {
+            templates.resource_templates.extend(
+                upstream
+                    .iter()
+                    .filter(|r| r.template_prefix.is_some())
+                    .filter_map(|r| serde_json::from_value::<ResourceTemplate>(r.listing.clone()).ok()),
+            );
+            templates
+        });
+        self.count("resources/templates/list", result.is_ok());
+        result
     }
 
     async fn read_resource(
@@ -848,7 +919,10 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let who = Self::identity(&context)?;
-        let mut result = resources::read(&self.state, who, &request.uri).await;
+        let mut result = match self.upstream_resource(&request.uri, &RequestInfo::from_context(&context)).await {
+            Some(answer) => answer,
+            None => resources::read(&self.state, who, &request.uri).await,
+        };
         self.count("resources/read", result.is_ok());
         // SEP-2164: from 2026-07-28 an unknown resource is invalid params (the URI in `data`);
         // older revisions keep -32002.

@@ -59,6 +59,17 @@ impl Scope {
             Scope::Toolset(name) => Selection::toolset(name.clone()),
         }
     }
+
+    /// Whether this endpoint serves the prompts and resources of an upstream server in
+    /// `toolset`: all of them on `/mcp`, a toolset's servers' on its endpoint, none on
+    /// `/search/mcp`.
+    pub fn shows_server_of(&self, toolset: Option<&str>) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::Toolset(name) => toolset == Some(name.as_str()),
+            Scope::Search => false,
+        }
+    }
 }
 
 /// The request declares a JSON body (`Content-Type: application/json`, parameters allowed).

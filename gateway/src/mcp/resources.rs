@@ -134,7 +134,8 @@ fn internal(e: &crate::Error) -> ErrorData {
 
 /// An unknown (or another user's) resource: -32002 with the URI in `data` (the MCP handler
 /// turns the code into -32602 for 2026-07-28 clients, SEP-2164).
-fn not_found(uri: &str) -> ErrorData {
+/// The error of a resource nobody has: -32002 with the URI in `data`.
+pub fn not_found(uri: &str) -> ErrorData {
     let shown: String = uri.chars().take(200).collect();
     ErrorData::resource_not_found(format!("no such resource: {shown:?}"), Some(serde_json::json!({"uri": shown})))
 }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    GetPromptRequestParams, Implementation, PingRequest, ProgressNotificationParam, ProgressToken, RequestMetaObject,
-    ServerResult,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest, ErrorCode,
+    GetPromptRequestParams, Implementation, PingRequest, ProgressNotificationParam, ProgressToken,
+    ReadResourceRequestParams, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -31,7 +31,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
 use toolyard_api::token::SigningKey;
 use toolyard_process::child::ProcessGroup;
 
-use crate::catalog::PromptSource;
+use crate::catalog::{PromptSource, ResourceError, ResourceSource};
 use crate::executor::events::ProgressSender;
 use crate::executor::local::{Launch, gateway_only_env};
 use crate::executor::{CallRequest, Executor};
@@ -150,6 +150,10 @@ impl ClientHandler for Listener {
     async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.notify_one();
     }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.list_changed.notify_one();
+    }
 }
 
 /// What a server lists.
@@ -159,6 +163,10 @@ pub struct Listing {
     pub tools: Vec<rmcp::model::Tool>,
     /// Its prompts.
     pub prompts: Vec<rmcp::model::Prompt>,
+    /// Its resources.
+    pub resources: Vec<rmcp::model::Resource>,
+    /// Its resource templates.
+    pub templates: Vec<rmcp::model::ResourceTemplate>,
 }
 
 /// A live connection, and the local process it started, if any (killed with it).
@@ -309,26 +317,24 @@ impl Connection {
         }
     }
 
-    /// Every tool and, if the server has any, every prompt it lists (all pages), each within
-    /// `timeout`.
+    /// Every tool and, if the server has them, every prompt, resource and resource template it
+    /// lists (all pages), each listing within `timeout`.
     pub async fn list(&self, timeout: Duration) -> Result<Listing, String> {
         let peer = self.service.peer();
-        let tools = match tokio::time::timeout(timeout, peer.list_all_tools()).await {
-            Ok(Ok(tools)) => tools,
-            Ok(Err(e)) => return Err(format!("tools/list failed: {}", error_chain(&e))),
-            Err(_) => return Err(format!("no answer to tools/list within {} s", timeout.as_secs())),
+        let capabilities = peer.peer_info().map(|info| info.capabilities.clone()).unwrap_or_default();
+        let tools = within(timeout, "tools/list", peer.list_all_tools()).await?;
+        let prompts = match capabilities.prompts {
+            Some(_) => within(timeout, "prompts/list", peer.list_all_prompts()).await?,
+            None => Vec::new(),
         };
-        let has_prompts = peer.peer_info().is_some_and(|info| info.capabilities.prompts.is_some());
-        let prompts = if has_prompts {
-            match tokio::time::timeout(timeout, peer.list_all_prompts()).await {
-                Ok(Ok(prompts)) => prompts,
-                Ok(Err(e)) => return Err(format!("prompts/list failed: {}", error_chain(&e))),
-                Err(_) => return Err(format!("no answer to prompts/list within {} s", timeout.as_secs())),
-            }
-        } else {
-            Vec::new()
+        let (resources, templates) = match capabilities.resources {
+            Some(_) => (
+                within(timeout, "resources/list", peer.list_all_resources()).await?,
+                within(timeout, "resources/templates/list", peer.list_all_resource_templates()).await?,
+            ),
+            None => (Vec::new(), Vec::new()),
         };
-        Ok(Listing { tools, prompts })
+        Ok(Listing { tools, prompts, resources, templates })
     }
 
     /// Pings the server; an error says why it is unreachable.
@@ -533,6 +539,53 @@ impl PromptSource for Link {
                 Err(format!("the MCP server {} failed: {}", self.server, error_chain(&e)))
             }
             Err(_) => Err(format!("the MCP server {} did not answer within {} s", self.server, self.timeout.as_secs())),
+        }
+    }
+}
+
+/// `listing`'s answer within `timeout`, or why not (`method` names it).
+async fn within<T>(
+    timeout: Duration,
+    method: &str,
+    listing: impl std::future::Future<Output = Result<T, rmcp::ServiceError>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(timeout, listing).await {
+        Ok(Ok(items)) => Ok(items),
+        Ok(Err(e)) => Err(format!("{method} failed: {}", error_chain(&e))),
+        Err(_) => Err(format!("no answer to {method} within {} s", timeout.as_secs())),
+    }
+}
+
+#[async_trait]
+impl ResourceSource for Link {
+    async fn read(&self, uri: &str) -> Result<Value, ResourceError> {
+        let Some(peer) = self.current() else {
+            return Err(ResourceError::Failed(format!(
+                "the MCP server {} is not connected; try again later",
+                self.server
+            )));
+        };
+        let params = ReadResourceRequestParams::new(uri.to_owned());
+        match tokio::time::timeout(self.timeout, peer.read_resource(params)).await {
+            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| ResourceError::Failed(e.to_string())),
+            Ok(Err(rmcp::ServiceError::McpError(error)))
+                if error.code == ErrorCode::RESOURCE_NOT_FOUND || error.code == ErrorCode::INVALID_PARAMS =>
+            {
+                Err(ResourceError::NotFound)
+            }
+            Ok(Err(rmcp::ServiceError::McpError(error))) => Err(ResourceError::Failed(format!(
+                "the MCP server {} refused resources/read: {}",
+                self.server, error.message
+            ))),
+            Ok(Err(e)) => {
+                self.broken.notify_one();
+                Err(ResourceError::Failed(format!("the MCP server {} failed: {}", self.server, error_chain(&e))))
+            }
+            Err(_) => Err(ResourceError::Failed(format!(
+                "the MCP server {} did not answer within {} s",
+                self.server,
+                self.timeout.as_secs()
+            ))),
         }
     }
 }

@@ -8,6 +8,9 @@
 //! touch only its own task: its tools leave the catalog while it is away and come back (with a
 //! `list_changed` to clients) once it answers again.
 //!
+//! Its resources and resource templates are served with their URIs unchanged (a URI another
+//! server listed first is left out), to whoever may use the whole server.
+//!
 //! A server's tool is served as `<prefix><name>` (characters other than letters, digits and
 //! '_' become '_'). A name already taken (by a function, a built-in or a server listed
 //! before it, in namespace/name order) is left out and reported in the server's status.
@@ -30,7 +33,7 @@ use toolyard_api::mcptool::{Execution, ExecutionMode, McpToolSpec, RESERVED_TOOL
 
 pub use self::link::Endpoint;
 use self::link::{Connection, Link, Listing};
-use crate::catalog::{Prompt, PromptSource, Tool, ToolCatalog, Upstream};
+use crate::catalog::{Prompt, PromptSource, ResourceSource, ServedResource, Tool, ToolCatalog, Upstream};
 use crate::executor::local::LaunchSettings;
 
 /// Longest tool name served (MCP allows 128 characters).
@@ -227,6 +230,7 @@ struct Inner {
     servers: Mutex<BTreeMap<Key, Server>>,
     tools: RwLock<Arc<Vec<Arc<Tool>>>>,
     prompts: RwLock<Arc<Vec<Arc<Prompt>>>>,
+    resources: RwLock<Arc<Vec<Arc<ServedResource>>>>,
     version: watch::Sender<u64>,
     background: CancellationToken,
 }
@@ -268,6 +272,7 @@ impl Upstreams {
                 servers: Mutex::default(),
                 tools: RwLock::default(),
                 prompts: RwLock::default(),
+                resources: RwLock::default(),
                 version: watch::Sender::new(1),
                 background,
             }),
@@ -299,7 +304,9 @@ impl Upstreams {
             let keep = wanted.get(key).is_some_and(|c| *c == server.config);
             if !keep {
                 server.stop.cancel();
-                changed |= !server.listed.tools.is_empty() || !server.listed.prompts.is_empty();
+                let l = &server.listed;
+                changed |=
+                    !(l.tools.is_empty() && l.prompts.is_empty() && l.resources.is_empty() && l.templates.is_empty());
             }
             keep
         });
@@ -389,6 +396,8 @@ impl Upstreams {
         let mut tools = functions;
         let mut prompts: Vec<Arc<Prompt>> = Vec::new();
         let mut prompt_names: BTreeSet<String> = BTreeSet::new();
+        let mut resources: Vec<Arc<ServedResource>> = Vec::new();
+        let mut uris: BTreeSet<String> = BTreeSet::new();
         let servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
         for server in servers.values() {
             let prefix = server.config.spec.prefix(&server.config.name);
@@ -427,6 +436,28 @@ impl Upstreams {
                     prompts.push(Arc::new(upstream_prompt(&server.config, &server.link, listed, name)));
                 }
             }
+            let listed_resources =
+                server.listed.resources.iter().map(|r| (r.uri.clone(), None, serde_json::to_value(r)));
+            let listed_templates = server.listed.templates.iter().map(|t| {
+                let prefix = t.uri_template.split('{').next().unwrap_or_default().to_owned();
+                (t.uri_template.clone(), Some(prefix), serde_json::to_value(t))
+            });
+            for (uri, template_prefix, listing) in listed_resources.chain(listed_templates) {
+                if !uris.insert(uri.clone()) {
+                    skipped.push(format!("resource {uri}: another server lists it"));
+                    continue;
+                }
+                let source: Arc<dyn ResourceSource> = server.link.clone();
+                resources.push(Arc::new(ServedResource {
+                    namespace: server.config.namespace.clone(),
+                    object_name: server.config.name.clone(),
+                    toolset: server.config.spec.toolset.clone(),
+                    uri,
+                    template_prefix,
+                    listing: listing.unwrap_or_default(),
+                    source,
+                }));
+            }
             server.status.send_if_modified(|s| {
                 let same = s.tools == served && s.skipped == skipped;
                 s.tools = served;
@@ -438,6 +469,7 @@ impl Upstreams {
         *self.inner.tools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tools);
         prompts.sort_by(|a, b| a.name.cmp(&b.name));
         *self.inner.prompts.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(prompts);
+        *self.inner.resources.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(resources);
         self.inner.version.send_modify(|v| *v += 1);
     }
 }
@@ -461,6 +493,10 @@ impl ToolCatalog for Upstreams {
 
     fn prompts(&self) -> Vec<Arc<Prompt>> {
         self.inner.prompts.read().unwrap_or_else(|e| e.into_inner()).as_ref().clone()
+    }
+
+    fn resources(&self) -> Vec<Arc<ServedResource>> {
+        self.inner.resources.read().unwrap_or_else(|e| e.into_inner()).as_ref().clone()
     }
 }
 
