@@ -261,20 +261,35 @@ async fn upstream_tools_are_granted_by_server_or_by_server_and_tool() {
     assert!(!decide("carol", &quote).await, "McpTools grants do not cover servers' tools");
     assert!(decide("carol", &tool(&ns, "x")).await);
 
-    // A server's prompts are granted the same way.
-    let prompt = |name: &str| toolyard_gateway::catalog::Prompt {
+    // A server's prompts are granted the same way; its resources with the whole server.
+    let link = Arc::new(toolyard_gateway::upstream::link::Link::new("market-data".into(), Duration::from_secs(5)));
+    let summary = toolyard_gateway::catalog::Prompt {
         namespace: ns.clone(),
         object_name: "market-data".into(),
-        name: format!("market_data_{name}"),
-        upstream_name: name.into(),
+        name: "market_data_summary".into(),
+        upstream_name: "summary".into(),
         toolset: None,
         listing: serde_json::Value::Null,
         required: Vec::new(),
-        source: Arc::new(toolyard_gateway::upstream::link::Link::new("market-data".into(), Duration::from_secs(5))),
+        source: link.clone(),
+        completer: link.clone(),
     };
-    let summary = prompt("summary");
     let get = async |user: &str| authz.can_get_prompt(&kube_user(user, &[]), &summary).await.expect("decision");
     assert!(get("alice").await, "the server's grant covers its prompts");
     assert!(!get("bob").await, "a grant of one tool is not one of its prompts");
     assert!(!get("carol").await);
+    let quotes = toolyard_gateway::catalog::ServedResource {
+        namespace: ns.clone(),
+        object_name: "market-data".into(),
+        toolset: None,
+        uri: "quotes://ACME/last".into(),
+        template_prefix: None,
+        listing: serde_json::Value::Null,
+        source: link.clone(),
+        completer: link,
+    };
+    let read = async |user: &str| authz.can_read_resource(&kube_user(user, &[]), &quotes).await.expect("decision");
+    assert!(read("alice").await, "the server's grant covers its resources");
+    assert!(!read("bob").await, "a grant of one tool is not one of the server's resources");
+    assert!(!read("carol").await);
 }

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    GetPromptRequestParams, Implementation, ProgressNotificationParam, ProtocolVersion, ServerNotification,
-    SubscriptionFilter,
+    ArgumentInfo, CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
+    ClientRequest, CompleteRequestParams, GetPromptRequestParams, Implementation, ProgressNotificationParam,
+    ProtocolVersion, Reference, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -252,6 +252,14 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
     let missing = setup.client.get_prompt(GetPromptRequestParams::new("market_data_market_summary")).await;
     assert!(missing.is_err_and(|e| e.to_string().contains("missing required arguments: ticker")));
     let unknown = setup.client.get_prompt(GetPromptRequestParams::new("market_data_nothing")).await;
+    assert!(unknown.is_err_and(|e| e.to_string().contains("Unknown prompt")));
+    // Its arguments complete from the server, asked under the prompt's name there.
+    let complete = |prompt: &str, value: &str| {
+        CompleteRequestParams::new(Reference::for_prompt(prompt), ArgumentInfo::new("ticker", value))
+    };
+    let suggested = setup.client.complete(complete("market_data_market_summary", "a")).await.expect("completion");
+    assert_eq!(suggested.completion.values, ["ACME"]);
+    let unknown = setup.client.complete(complete("market_data_nothing", "a")).await;
     assert!(unknown.is_err_and(|e| e.to_string().contains("Unknown prompt")));
 
     let connections = setup.gateway.upstreams.connections();

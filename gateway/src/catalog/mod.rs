@@ -138,6 +138,8 @@ pub struct Prompt {
     pub required: Vec<String>,
     /// Where `prompts/get` goes.
     pub source: Arc<dyn PromptSource>,
+    /// Where `completion/complete` of its arguments goes.
+    pub completer: Arc<dyn CompletionSource>,
 }
 
 impl std::fmt::Debug for Prompt {
@@ -171,6 +173,8 @@ pub struct ServedResource {
     pub listing: Value,
     /// Where `resources/read` goes.
     pub source: Arc<dyn ResourceSource>,
+    /// Where `completion/complete` of a template's arguments goes.
+    pub completer: Arc<dyn CompletionSource>,
 }
 
 impl std::fmt::Debug for ServedResource {
@@ -209,6 +213,14 @@ pub trait ResourceSource: Send + Sync + 'static {
     async fn read(&self, uri: &str) -> Result<Value, ResourceError>;
 }
 
+/// Answers `completion/complete` for the prompts and resource templates of one server.
+#[async_trait::async_trait]
+pub trait CompletionSource: Send + Sync + 'static {
+    /// The MCP `CompleteResult` for the `CompleteRequestParams` `request` (naming the prompt
+    /// as the server knows it), or why not.
+    async fn complete(&self, request: Value) -> Result<Value, String>;
+}
+
 /// Source of tools. Implementations keep a current snapshot and bump a version on change.
 pub trait ToolCatalog: Send + Sync + 'static {
     /// Every tool that can be listed (Ready), in a stable order.
@@ -245,6 +257,13 @@ mod tests {
         }
     }
 
+    #[async_trait::async_trait]
+    impl CompletionSource for Nowhere {
+        async fn complete(&self, _request: Value) -> Result<Value, String> {
+            Err("nowhere".into())
+        }
+    }
+
     fn resource(uri: &str, template: bool) -> ServedResource {
         ServedResource {
             namespace: String::new(),
@@ -254,6 +273,7 @@ mod tests {
             template_prefix: template.then(|| uri.split('{').next().unwrap_or_default().to_owned()),
             listing: Value::Null,
             source: Arc::new(Nowhere),
+            completer: Arc::new(Nowhere),
         }
     }
 

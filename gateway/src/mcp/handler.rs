@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams, GetTaskResult,
-    Implementation, InitializeRequestParams, InitializeResult, ListResourceTemplatesResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, Resource, ResourceTemplate, ServerCapabilities, ServerConfig, SubscriptionFilter,
-    Tool as McpTool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CompleteRequestParams, CompleteResult,
+    GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Reference, Resource, ResourceTemplate,
+    ServerCapabilities, ServerConfig, SubscriptionFilter, Tool as McpTool,
 };
 use rmcp::model::{GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult, Prompt as McpPrompt};
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
@@ -763,6 +763,45 @@ impl McpHandler {
         })
     }
 
+    /// `completion/complete` for an upstream prompt's or resource template's argument, from
+    /// its server (a prompt as the server names it). The gateway's own templates have no
+    /// suggestions; an unknown prompt and one the caller may not get answer alike.
+    async fn completion(
+        &self,
+        mut request: CompleteRequestParams,
+        info: &RequestInfo<'_>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let completer = match &mut request.r#ref {
+            Reference::Prompt(reference) => {
+                let prompts = self.visible_prompts(info).await?;
+                let Some(prompt) = prompts.iter().find(|p| p.name == reference.name) else {
+                    let shown: String = reference.name.chars().take(64).collect();
+                    return Err(ErrorData::invalid_params(format!("Unknown prompt: {shown:?}"), None));
+                };
+                reference.name = prompt.upstream_name.clone();
+                prompt.completer.clone()
+            }
+            Reference::Resource(reference) => {
+                let resources = self.visible_resources(info).await?;
+                let template = resources.iter().find(|r| r.template_prefix.is_some() && r.uri == reference.uri);
+                match template {
+                    Some(template) => template.completer.clone(),
+                    None => return Ok(CompleteResult::default()),
+                }
+            }
+            // A kind of reference of a later revision: no suggestions.
+            _ => return Ok(CompleteResult::default()),
+        };
+        let request = serde_json::to_value(&request).map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let answer = completer.complete(request).await.map_err(|e| ErrorData::internal_error(e, None))?;
+        serde_json::from_value(answer).map_err(|e| {
+            ErrorData::internal_error(
+                format!("the MCP server answered completion/complete with something else: {e}"),
+                None,
+            )
+        })
+    }
+
     fn platform_error(&self, e: &crate::Error) -> ErrorData {
         tracing::error!(error = %e, "authorization check failed");
         errors::from_error(e, self.retry_after())
@@ -799,6 +838,7 @@ impl ServerHandler for McpHandler {
     fn get_info(&self) -> ServerConfig {
         let capabilities = if self.state.tasks.is_some() {
             ServerCapabilities::builder()
+                .enable_completions()
                 .enable_prompts()
                 .enable_tools()
                 .enable_tool_list_changed()
@@ -808,6 +848,7 @@ impl ServerHandler for McpHandler {
                 .build()
         } else {
             ServerCapabilities::builder()
+                .enable_completions()
                 .enable_prompts()
                 .enable_tools()
                 .enable_tool_list_changed()
@@ -816,6 +857,17 @@ impl ServerHandler for McpHandler {
         };
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(self.state.settings.server_name.clone(), env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Suggestions for an argument of an upstream prompt or resource template.
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        let result = self.completion(request, &RequestInfo::from_context(&context)).await;
+        self.count("completion/complete", result.is_ok());
+        result
     }
 
     /// The prompts of connected upstream servers the caller may get (`/mcp`, and a toolset's

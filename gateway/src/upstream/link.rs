@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use http::{HeaderName, HeaderValue};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest, ErrorCode,
-    GetPromptRequestParams, Implementation, PingRequest, ProgressNotificationParam, ProgressToken,
-    ReadResourceRequestParams, RequestMetaObject, ServerResult,
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
+    CompleteRequestParams, CompleteResult, ErrorCode, GetPromptRequestParams, Implementation, PingRequest,
+    ProgressNotificationParam, ProgressToken, ReadResourceRequestParams, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -31,7 +31,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
 use toolyard_api::token::SigningKey;
 use toolyard_process::child::ProcessGroup;
 
-use crate::catalog::{PromptSource, ResourceError, ResourceSource};
+use crate::catalog::{CompletionSource, PromptSource, ResourceError, ResourceSource};
 use crate::executor::events::ProgressSender;
 use crate::executor::local::{Launch, gateway_only_env};
 use crate::executor::{CallRequest, Executor};
@@ -586,6 +586,31 @@ impl ResourceSource for Link {
                 self.server,
                 self.timeout.as_secs()
             ))),
+        }
+    }
+}
+
+#[async_trait]
+impl CompletionSource for Link {
+    async fn complete(&self, request: Value) -> Result<Value, String> {
+        let Some(peer) = self.current() else {
+            return Err(format!("the MCP server {} is not connected; try again later", self.server));
+        };
+        if peer.peer_info().is_none_or(|info| info.capabilities.completions.is_none()) {
+            // A server without completions has no suggestions.
+            return serde_json::to_value(CompleteResult::default()).map_err(|e| e.to_string());
+        }
+        let params: CompleteRequestParams = serde_json::from_value(request).map_err(|e| e.to_string())?;
+        match tokio::time::timeout(self.timeout, peer.complete(params)).await {
+            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| e.to_string()),
+            Ok(Err(rmcp::ServiceError::McpError(error))) => {
+                Err(format!("the MCP server {} refused completion/complete: {}", self.server, error.message))
+            }
+            Ok(Err(e)) => {
+                self.broken.notify_one();
+                Err(format!("the MCP server {} failed: {}", self.server, error_chain(&e)))
+            }
+            Err(_) => Err(format!("the MCP server {} did not answer within {} s", self.server, self.timeout.as_secs())),
         }
     }
 }

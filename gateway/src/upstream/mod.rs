@@ -33,7 +33,9 @@ use toolyard_api::mcptool::{Execution, ExecutionMode, McpToolSpec, RESERVED_TOOL
 
 pub use self::link::Endpoint;
 use self::link::{Connection, Link, Listing};
-use crate::catalog::{Prompt, PromptSource, ResourceSource, ServedResource, Tool, ToolCatalog, Upstream};
+use crate::catalog::{
+    CompletionSource, Prompt, PromptSource, ResourceSource, ServedResource, Tool, ToolCatalog, Upstream,
+};
 use crate::executor::local::LaunchSettings;
 
 /// Longest tool name served (MCP allows 128 characters).
@@ -448,6 +450,7 @@ impl Upstreams {
                     continue;
                 }
                 let source: Arc<dyn ResourceSource> = server.link.clone();
+                let completer: Arc<dyn CompletionSource> = server.link.clone();
                 resources.push(Arc::new(ServedResource {
                     namespace: server.config.namespace.clone(),
                     object_name: server.config.name.clone(),
@@ -456,6 +459,7 @@ impl Upstreams {
                     template_prefix,
                     listing: listing.unwrap_or_default(),
                     source,
+                    completer,
                 }));
             }
             server.status.send_if_modified(|s| {
@@ -507,6 +511,7 @@ fn upstream_prompt(config: &ServerConfig, link: &Arc<Link>, listed: &rmcp::model
     let required =
         listed.arguments.iter().flatten().filter(|a| a.required == Some(true)).map(|a| a.name.clone()).collect();
     let source: Arc<dyn PromptSource> = link.clone();
+    let completer: Arc<dyn CompletionSource> = link.clone();
     Prompt {
         namespace: config.namespace.clone(),
         object_name: config.name.clone(),
@@ -516,6 +521,7 @@ fn upstream_prompt(config: &ServerConfig, link: &Arc<Link>, listed: &rmcp::model
         listing: serde_json::to_value(&served).unwrap_or_default(),
         required,
         source,
+        completer,
     }
 }
 
