@@ -314,14 +314,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let namespaces = Namespaces::from_list(&args.namespaces);
     let catalog = KubeCatalog::start(client.clone(), &namespaces, background.clone());
     let replica = args.replica();
+    let status = StatusPatcher::new(client.clone(), &replica);
     let upstreams = Upstreams::new(
         Arc::new(catalog),
         args.upstream.settings(replica.clone()),
-        Arc::new(StatusPatcher::new(client.clone(), &replica)),
+        Arc::new(status.clone()),
         Arc::new(KubeDialer::new(client.clone(), signing_key.clone())),
         background.clone(),
     )?;
-    crate::upstream::kube::watch(&client, &namespaces, upstreams.clone(), background.clone());
+    crate::upstream::kube::watch(&client, &namespaces, upstreams.clone(), status, background.clone());
     let pool = PoolClient::new(Duration::from_secs(5))?;
     let executor = KubeExecutor::start(
         client.clone(),

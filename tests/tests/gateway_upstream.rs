@@ -14,7 +14,7 @@ use gateway_support::{
 };
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
 use serde_json::{Value, json};
 use toolyard_api::McpServer;
@@ -95,10 +95,27 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     create_server(&ns, "market-data", port, true).await;
     // The same Secret named by another server: it is not labelled for it, so it is not sent.
     create_server(&ns, "research", port, true).await;
+    // The entry of a replica that was killed an hour ago, before it could withdraw it.
+    let api: Api<McpServer> = Api::namespaced(env.client(User::Admin).await, &ns);
+    let dead = json!({"apiVersion": "toolyard.dev/v1alpha1", "kind": "McpServer", "status": {"connections": [
+        {"replica": "gw-killed", "state": "Connected", "tools": 8, "failures": 0, "observedGeneration": 1,
+         "updated": "2026-01-01T00:00:00Z"}]}});
+    api.patch_status("market-data", &PatchParams::apply("toolyard-gateway/gw-killed").force(), &Patch::Apply(&dead))
+        .await
+        .expect("a dead replica's entry");
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
 
     let up = connection(&ns, "market-data", "market-data connected", |c| c.state == ConnectionState::Connected).await;
     assert_eq!((up.tools, up.failures, up.last_error.as_deref()), (8, 0, None), "{up:?}");
+    // The killed replica's entry is removed; this replica's stays, rewritten.
+    wait_until(Duration::from_secs(30), "the killed replica's entry removed", || async {
+        let status = api.get("market-data").await?.status.unwrap_or_default();
+        Ok(status.connections.iter().all(|c| c.replica != "gw-killed"))
+    })
+    .await
+    .expect("a gone replica's entry is pruned");
+    let rewritten = connection(&ns, "market-data", "its own entry rewritten", |c| c.updated > up.updated).await;
+    assert_eq!(rewritten.state, ConnectionState::Connected);
     let refused =
         connection(&ns, "research", "research refused its credential", |c| c.state == ConnectionState::Waiting).await;
     let error = refused.last_error.as_deref().unwrap_or_default();
@@ -170,7 +187,6 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     let upstreams = gw.upstreams.clone();
     drop(gw);
     upstreams.withdraw_all().await;
-    let api: Api<McpServer> = Api::namespaced(env.client(User::Admin).await, &ns);
     let status = api.get("market-data").await.expect("get").status.unwrap_or_default();
     assert!(status.connections.iter().all(|c| c.replica != REPLICA), "{status:?}");
 }

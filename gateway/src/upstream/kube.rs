@@ -2,12 +2,17 @@
 //! each server is reached ([`KubeDialer`]: a URL with its credential from a Secret labelled for
 //! it, or a `runtime` server's Service), and this replica's connection in each
 //! object's `status.connections` (server-side apply, one field manager per replica, so
-//! replicas never overwrite each other's entry).
+//! replicas never overwrite each other's entry). A replica rewrites its entries every
+//! `status_interval` and removes other replicas' entries not rewritten for three times that:
+//! those of a replica that was killed before it could withdraw them.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
@@ -28,8 +33,15 @@ use crate::catalog::kube::Namespaces;
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Watches the McpServers of `namespaces` and keeps `upstreams` connected to exactly them,
+/// and keeps the status entries of `status` (this replica's) fresh and the others' pruned,
 /// until `shutdown` fires.
-pub fn watch(client: &Client, namespaces: &Namespaces, upstreams: Upstreams, shutdown: CancellationToken) {
+pub fn watch(
+    client: &Client,
+    namespaces: &Namespaces,
+    upstreams: Upstreams,
+    status: StatusPatcher,
+    shutdown: CancellationToken,
+) {
     let apis: Vec<Api<McpServer>> = namespaces.apis(client);
     let mut stores: Vec<Store<McpServer>> = Vec::new();
     let mut streams = Vec::new();
@@ -39,6 +51,18 @@ pub fn watch(client: &Client, namespaces: &Namespaces, upstreams: Upstreams, shu
         streams.push(watcher(api, watcher::Config::default()).default_backoff().reflect(writer).boxed());
     }
     let mut events = futures::stream::select_all(streams);
+    let interval = upstreams.settings().status_interval;
+    let (janitor_stores, janitor_stop) = (stores.clone(), shutdown.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = janitor_stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            status.refresh().await;
+            status.prune(&janitor_stores, interval * 3).await;
+        }
+    });
     tokio::spawn(async move {
         loop {
             let event = tokio::select! {
@@ -156,14 +180,67 @@ impl KubeDialer {
 #[derive(Clone)]
 pub struct StatusPatcher {
     client: Client,
+    replica: String,
     manager: String,
+    /// The entries this replica has written, by namespace and name, to rewrite.
+    reported: Arc<Mutex<BTreeMap<(String, String), ConnectionStatus>>>,
 }
 
 impl StatusPatcher {
     /// Writes as replica `replica` with `client` (which may patch `mcpservers/status`).
     pub fn new(client: Client, replica: &str) -> Self {
         let manager: String = format!("{GATEWAY_MANAGER}/{replica}").chars().take(128).collect();
-        Self { client, manager }
+        Self { client, replica: replica.to_owned(), manager, reported: Arc::default() }
+    }
+
+    /// Rewrites every entry of this replica with the current time in `updated`.
+    async fn refresh(&self) {
+        let entries: Vec<((String, String), ConnectionStatus)> = self
+            .reported
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for ((namespace, name), mut connection) in entries {
+            connection.updated = Some(Time(jiff::Timestamp::now()));
+            self.apply(&namespace, &name, json!({"connections": [connection]})).await;
+        }
+    }
+
+    /// Removes the entries of other replicas not rewritten within `stale` (a replica that
+    /// was killed). The write names the resourceVersion read: a concurrent change wins, and
+    /// the next round looks again.
+    async fn prune(&self, stores: &[Store<McpServer>], stale: Duration) {
+        let now = jiff::Timestamp::now();
+        let is_stale = |c: &ConnectionStatus| {
+            c.replica != self.replica
+                && c.updated.as_ref().is_none_or(|t| now.duration_since(t.0).unsigned_abs() > stale)
+        };
+        for server in stores.iter().flat_map(Store::state) {
+            let connections = server.status.as_ref().map(|s| s.connections.as_slice()).unwrap_or_default();
+            if !connections.iter().any(is_stale) {
+                continue;
+            }
+            let kept: Vec<&ConnectionStatus> = connections.iter().filter(|c| !is_stale(c)).collect();
+            let gone: Vec<&str> = connections.iter().filter(|c| is_stale(c)).map(|c| c.replica.as_str()).collect();
+            let (namespace, name) = (server.namespace().unwrap_or_default(), server.name_any());
+            let patch = json!({
+                "metadata": {"resourceVersion": server.resource_version()},
+                "status": {"connections": kept},
+            });
+            let api: Api<McpServer> = Api::namespaced(self.client.clone(), &namespace);
+            let params = PatchParams { field_manager: Some(self.manager.clone()), ..PatchParams::default() };
+            let patch = Patch::Merge(&patch);
+            match tokio::time::timeout(API_TIMEOUT, api.patch_status(&name, &params, &patch)).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(namespace, name, replicas = ?gone, "removed the status entries of gone gateway replicas")
+                }
+                Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => {}
+                Ok(Err(e)) => tracing::warn!(namespace, name, error = %e, "removing stale status entries failed"),
+                Err(_) => tracing::warn!(namespace, name, "removing stale status entries timed out"),
+            }
+        }
     }
 
     async fn apply(&self, namespace: &str, name: &str, status: serde_json::Value) {
@@ -185,10 +262,13 @@ impl StatusPatcher {
 #[async_trait::async_trait]
 impl StatusSink for StatusPatcher {
     async fn report(&self, namespace: &str, name: &str, connection: &ConnectionStatus) {
+        let key = (namespace.to_owned(), name.to_owned());
+        self.reported.lock().unwrap_or_else(|e| e.into_inner()).insert(key, connection.clone());
         self.apply(namespace, name, json!({"connections": [connection]})).await;
     }
 
     async fn withdraw(&self, namespace: &str, name: &str) {
+        self.reported.lock().unwrap_or_else(|e| e.into_inner()).remove(&(namespace.to_owned(), name.to_owned()));
         // Fields this manager owned and no longer applies are removed: its entry goes.
         self.apply(namespace, name, json!({})).await;
     }

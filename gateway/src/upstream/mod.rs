@@ -173,6 +173,9 @@ pub struct UpstreamSettings {
     pub connect_timeout: Duration,
     /// How often a connected server is pinged.
     pub ping_interval: Duration,
+    /// How often this replica rewrites its status entries (Kubernetes); another replica's
+    /// entry not rewritten for three times this long is removed.
+    pub status_interval: Duration,
 }
 
 /// The upstream servers' flags, shared by `serve` and `local`.
@@ -185,11 +188,16 @@ pub struct UpstreamArgs {
     /// Seconds an MCP server has to complete the handshake, a tool listing or a ping.
     #[arg(long, env = "TOOLYARD_UPSTREAM_CONNECT_TIMEOUT_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub upstream_connect_timeout_seconds: u64,
+    /// Seconds between rewrites of this replica's entry in each McpServer's status; an entry
+    /// not rewritten for three times this long (a replica that was killed) is removed by the
+    /// other replicas.
+    #[arg(long, env = "TOOLYARD_UPSTREAM_STATUS_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub upstream_status_seconds: u64,
 }
 
 impl Default for UpstreamArgs {
     fn default() -> Self {
-        Self { upstream_ping_seconds: 15, upstream_connect_timeout_seconds: 10 }
+        Self { upstream_ping_seconds: 15, upstream_connect_timeout_seconds: 10, upstream_status_seconds: 60 }
     }
 }
 
@@ -200,6 +208,7 @@ impl UpstreamArgs {
             replica,
             connect_timeout: Duration::from_secs(self.upstream_connect_timeout_seconds),
             ping_interval: Duration::from_secs(self.upstream_ping_seconds),
+            status_interval: Duration::from_secs(self.upstream_status_seconds),
         }
     }
 }
@@ -210,6 +219,7 @@ impl Default for UpstreamSettings {
             replica: "local".into(),
             connect_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(15),
+            status_interval: Duration::from_secs(60),
         }
     }
 }
@@ -335,6 +345,11 @@ impl Upstreams {
         for (namespace, name) in keys {
             self.inner.sink.withdraw(&namespace, &name).await;
         }
+    }
+
+    /// How connections behave.
+    pub fn settings(&self) -> &UpstreamSettings {
+        &self.inner.settings
     }
 
     /// This replica's connection to each server, by `namespace/name`.

@@ -408,17 +408,20 @@ impl Gateway {
         let tokens = ShutdownTokens::default();
         let ns = Namespaces::Only(namespaces.to_vec());
         let catalog = KubeCatalog::start(client.clone(), &ns, background.clone());
-        // McpServers are pinged every second and given two seconds to answer.
-        let upstream_args = UpstreamArgs { upstream_ping_seconds: 1, upstream_connect_timeout_seconds: 2 };
+        // McpServers are pinged every second and given two seconds to answer; status entries
+        // are rewritten every second (others' pruned after three).
+        let upstream_args =
+            UpstreamArgs { upstream_ping_seconds: 1, upstream_connect_timeout_seconds: 2, upstream_status_seconds: 1 };
+        let status = StatusPatcher::new(client.clone(), REPLICA);
         let upstreams = Upstreams::new(
             Arc::new(catalog.clone()),
             upstream_args.settings(REPLICA.into()),
-            Arc::new(StatusPatcher::new(client.clone(), REPLICA)),
+            Arc::new(status.clone()),
             Arc::new(KubeDialer::new(client.clone(), signing_key())),
             background.clone(),
         )
         .expect("upstreams");
-        toolyard_gateway::upstream::kube::watch(&client, &ns, upstreams.clone(), background.clone());
+        toolyard_gateway::upstream::kube::watch(&client, &ns, upstreams.clone(), status, background.clone());
         let executor = KubeExecutor::start(
             client.clone(),
             store.clone(),
