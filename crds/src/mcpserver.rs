@@ -54,6 +54,7 @@ pub fn workload_name(server: &str) -> String {
     printcolumn(name = "URL", type_ = "string", json_path = ".spec.url"),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.runtime.image"),
     printcolumn(name = "Prefix", type_ = "string", json_path = ".spec.toolPrefix"),
+    printcolumn(name = "Pods Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "State", type_ = "string", json_path = ".status.connections[0].state"),
     printcolumn(name = "Tools", type_ = "integer", json_path = ".status.connections[0].tools"),
     printcolumn(name = "Next Retry", type_ = "date", json_path = ".status.connections[0].nextRetry"),
