@@ -35,6 +35,7 @@ pub mod outcome;
 pub mod pod;
 pub mod run;
 pub mod toolcall;
+pub mod workload;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

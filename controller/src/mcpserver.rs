@@ -13,15 +13,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, PodTemplateSpec, Probe, Secret, Service, ServicePort, ServiceSpec, TCPSocketAction,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Probe, Secret, Service, TCPSocketAction};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use serde_json::json;
 use toolyard_api::conditions::{self, reason, status};
 use toolyard_api::mcpserver::{WORKLOAD_SUFFIX, workload_name};
@@ -37,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::labels;
 use crate::mcptool::validate::{self, Invalid};
 use crate::metrics::KindLabels;
-use crate::pod;
+use crate::{pod, workload};
 
 /// Kind label of this controller.
 pub const KIND: &str = "McpServer";
@@ -111,7 +108,6 @@ pub fn desired_deployment(server: &McpServer, runtime: &Runtime, config: &Config
     command.extend(runtime.args.iter().cloned());
     vars.extend(pod::telemetry_env(config));
     vars.extend(pod::tool_env(&runtime.env));
-    let r = &config.resources;
     let container = Container {
         name: "server".into(),
         image: Some(runtime.image.clone()),
@@ -130,59 +126,20 @@ pub fn desired_deployment(server: &McpServer, runtime: &Runtime, config: &Config
             failure_threshold: Some(3),
             ..Default::default()
         }),
-        resources: Some(pod::resources(
-            runtime.resources.as_ref(),
-            &r.tool_cpu_request,
-            &r.tool_memory_request,
-            &r.tool_memory_limit,
-        )),
+        resources: Some(pod::runtime_resources(runtime, config)),
         ..Default::default()
     };
     let pod_spec = pod::runtime_pod_spec(container, config, runtime, server.spec.placement.as_ref(), "Always");
     let mut template_labels = labels::base();
     template_labels.extend(selector(&name));
-    Ok(Deployment {
-        metadata: meta(server, workload_name(&name))?,
-        spec: Some(DeploymentSpec {
-            replicas: Some(server.spec.replicas.unwrap_or(1)),
-            selector: LabelSelector { match_labels: Some(selector(&name)), match_expressions: None },
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::Int(1)),
-                }),
-            }),
-            revision_history_limit: Some(3),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(template_labels), ..Default::default() }),
-                spec: Some(pod_spec),
-            },
-            ..Default::default()
-        }),
-        status: None,
-    })
+    let replicas = server.spec.replicas.unwrap_or(1);
+    Ok(workload::deployment(meta(server, workload_name(&name))?, selector(&name), template_labels, pod_spec, replicas))
 }
 
 /// The server's ClusterIP Service.
 pub fn desired_service(server: &McpServer) -> Result<Service> {
     let (_, name) = namespaced_name(server, KIND)?;
-    Ok(Service {
-        metadata: meta(server, workload_name(&name))?,
-        spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".into()),
-            selector: Some(selector(&name)),
-            ports: Some(vec![ServicePort {
-                name: Some(PORT_NAME.into()),
-                port: port(server),
-                target_port: Some(IntOrString::String(PORT_NAME.into())),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    Ok(workload::service(meta(server, workload_name(&name))?, selector(&name), PORT_NAME, port(server)))
 }
 
 /// Checks a `runtime` server named `name`.
@@ -307,23 +264,11 @@ async fn apply(
 
 /// Deletes the Deployment and Service left from a `runtime` after the server moved to a `url`.
 async fn remove(ctx: &Context<ServerStores>, ns: &str, name: &str) -> Result<()> {
-    let workload = workload_name(name);
-    if ctx.stores.deployments.get(&ObjectRef::new(&workload).within(ns)).is_none() {
-        return Ok(());
-    }
-    let params = DeleteParams::background();
-    ignore_missing(Api::<Deployment>::namespaced(ctx.client.clone(), ns).delete(&workload, &params).await.map(drop))?;
-    ignore_missing(Api::<Service>::namespaced(ctx.client.clone(), ns).delete(&workload, &params).await.map(drop))?;
     // The key Secret stays until the McpServer goes (it owns it), as a warm pool's does.
-    info!(namespace = %ns, name = %name, "MCP server workload removed");
-    Ok(())
-}
-
-fn ignore_missing(r: std::result::Result<(), kube::Error>) -> Result<()> {
-    match r {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        other => other.map_err(Error::from),
+    if workload::remove(&ctx.client, &ctx.stores.deployments, ns, &workload_name(name)).await? {
+        info!(namespace = %ns, name = %name, "MCP server workload removed");
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -226,6 +226,13 @@ pub fn telemetry_env(config: &crate::Config) -> impl Iterator<Item = EnvVar> + '
     config.run_telemetry_env.iter().map(|(name, value)| env(name, value.clone()))
 }
 
+/// Resources of the container running `runtime`: its declared ones, else the tool defaults
+/// of the controller's config.
+pub fn runtime_resources(runtime: &toolyard_api::mcptool::Runtime, config: &crate::Config) -> ResourceRequirements {
+    let r = &config.resources;
+    resources(runtime.resources.as_ref(), &r.tool_cpu_request, &r.tool_memory_request, &r.tool_memory_limit)
+}
+
 /// Resources of a main container: the declared ones verbatim, else the defaults.
 pub fn resources(
     declared: Option<&ResourceRequirements>,

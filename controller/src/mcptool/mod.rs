@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use toolyard_api::conditions::{self, reason, status};
 use toolyard_api::mcptool::ExecutionMode;
 use toolyard_api::{CONTROLLER_MANAGER, McpTool, McpToolStatus};
@@ -150,24 +150,12 @@ async fn apply_pool(ctx: &Context<ToolStores>, tool: &McpTool, ns: &str, name: &
 
 /// Deletes a pool left from `mode: Pool` after the tool moved to `mode: Job`.
 async fn remove_pool(ctx: &Context<ToolStores>, ns: &str, name: &str) -> Result<()> {
-    let pool_name = pool::pool_name(name);
-    if ctx.stores.deployments.get(&ObjectRef::new(&pool_name).within(ns)).is_none() {
-        return Ok(());
-    }
-    let params = DeleteParams::background();
-    ignore_missing(Api::<Deployment>::namespaced(ctx.client.clone(), ns).delete(&pool_name, &params).await.map(drop))?;
-    ignore_missing(Api::<Service>::namespaced(ctx.client.clone(), ns).delete(&pool_name, &params).await.map(drop))?;
     // The key Secret stays until the McpTool goes (it is owned by it): deleting it would need a
     // Secret verb that returns Secret data, which the controller does not have.
-    info!(namespace = %ns, name = %name, "warm pool removed");
-    Ok(())
-}
-
-fn ignore_missing(r: Result<(), kube::Error>) -> Result<()> {
-    match r {
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        other => other.map_err(Error::from),
+    if crate::workload::remove(&ctx.client, &ctx.stores.deployments, ns, &pool::pool_name(name)).await? {
+        info!(namespace = %ns, name = %name, "warm pool removed");
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -5,11 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
-use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, HTTPGetAction, PodTemplateSpec, Probe, Secret, Service, ServicePort, ServiceSpec,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Container, ContainerPort, HTTPGetAction, Probe, Secret, Service};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::ObjectMeta;
 use toolyard_api::McpTool;
@@ -22,7 +19,7 @@ use crate::config::Config;
 use crate::context::{controller_owner_ref, namespaced_name};
 use crate::error::Result;
 use crate::labels;
-use crate::pod;
+use crate::{pod, workload};
 
 const KIND: &str = "McpTool";
 /// Key of the derived key in the pool's Secret.
@@ -111,7 +108,6 @@ pub fn desired_deployment(tool: &McpTool, config: &Config) -> Result<Deployment>
     vars.extend(pod::telemetry_env(config));
     vars.extend(pod::tool_env(&runtime.env));
 
-    let r = &config.resources;
     let container = Container {
         name: "tool".into(),
         image: Some(runtime.image.clone()),
@@ -134,59 +130,18 @@ pub fn desired_deployment(tool: &McpTool, config: &Config) -> Result<Deployment>
             failure_threshold: Some(3),
             ..Default::default()
         }),
-        resources: Some(pod::resources(
-            runtime.resources.as_ref(),
-            &r.tool_cpu_request,
-            &r.tool_memory_request,
-            &r.tool_memory_limit,
-        )),
+        resources: Some(pod::runtime_resources(runtime, config)),
         ..Default::default()
     };
     let mut pod_spec = pod::tool_pod_spec(container, config, &tool.spec, "Always");
     pod_spec.termination_grace_period_seconds = Some(i64::from(tool.spec.execution.timeout_seconds) + DRAIN_SECONDS);
-
-    Ok(Deployment {
-        metadata: meta(tool, pool_name(&name))?,
-        spec: Some(DeploymentSpec {
-            replicas: Some(replicas),
-            selector: LabelSelector { match_labels: Some(selector(&name)), match_expressions: None },
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".into()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::Int(1)),
-                }),
-            }),
-            revision_history_limit: Some(3),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(pool_labels(&name)), ..Default::default() }),
-                spec: Some(pod_spec),
-            },
-            ..Default::default()
-        }),
-        status: None,
-    })
+    Ok(workload::deployment(meta(tool, pool_name(&name))?, selector(&name), pool_labels(&name), pod_spec, replicas))
 }
 
 /// The pool's ClusterIP Service.
 pub fn desired_service(tool: &McpTool) -> Result<Service> {
     let (_, name) = namespaced_name(tool, KIND)?;
-    Ok(Service {
-        metadata: meta(tool, pool_name(&name))?,
-        spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".into()),
-            selector: Some(selector(&name)),
-            ports: Some(vec![ServicePort {
-                name: Some(PORT_NAME.into()),
-                port: pool::DEFAULT_PORT.into(),
-                target_port: Some(IntOrString::String(PORT_NAME.into())),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    Ok(workload::service(meta(tool, pool_name(&name))?, selector(&name), PORT_NAME, pool::DEFAULT_PORT.into()))
 }
 
 #[cfg(test)]

@@ -49,19 +49,13 @@ pub fn desired_job(call: &ToolCall, tool: &McpTool, config: &Config, now: Timest
     }
     vars.extend(pod::tool_env(&runtime.env));
 
-    let r = &config.resources;
     let container = Container {
         name: RunKind::Call.container().to_owned(),
         image: Some(runtime.image.clone()),
         command: Some(command),
         working_dir: runtime.working_dir.clone(),
         env: Some(vars),
-        resources: Some(pod::resources(
-            runtime.resources.as_ref(),
-            &r.tool_cpu_request,
-            &r.tool_memory_request,
-            &r.tool_memory_limit,
-        )),
+        resources: Some(pod::runtime_resources(runtime, config)),
         ..Default::default()
     };
     let pod_spec = pod::tool_pod_spec(container, config, &tool.spec, "Never");
