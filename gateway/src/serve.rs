@@ -313,16 +313,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     crate::store::retention::start(store.clone(), args.data.retention_days, background.clone()).await;
     let namespaces = Namespaces::from_list(&args.namespaces);
     let catalog = KubeCatalog::start(client.clone(), &namespaces, background.clone());
-    let replica = args.replica();
-    let status = StatusPatcher::new(client.clone(), &replica);
-    let upstreams = Upstreams::new(
-        Arc::new(catalog),
-        args.upstream.settings(replica.clone()),
-        Arc::new(status.clone()),
-        Arc::new(KubeDialer::new(client.clone(), signing_key.clone())),
-        background.clone(),
-    )?;
-    crate::upstream::kube::watch(&client, &namespaces, upstreams.clone(), status, background.clone());
     let pool = PoolClient::new(Duration::from_secs(5))?;
     let executor = KubeExecutor::start(
         client.clone(),
@@ -338,6 +328,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         background.clone(),
     );
+    let replica = args.replica();
+    let status = StatusPatcher::new(client.clone(), &replica);
+    let upstreams = Upstreams::new(
+        Arc::new(catalog),
+        args.upstream.settings(replica.clone()),
+        Arc::new(status.clone()),
+        Arc::new(KubeDialer::new(client.clone(), signing_key.clone())),
+        executor.records(),
+        background.clone(),
+    )?;
+    crate::upstream::kube::watch(&client, &namespaces, upstreams.clone(), status, background.clone());
 
     let metrics = Arc::new(Metrics::new());
     let authz_metrics = AuthzMetrics::default();

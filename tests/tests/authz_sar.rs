@@ -215,7 +215,8 @@ async fn a_failing_review_denies_and_is_not_cached() {
 
 /// A tool of McpServer `server` whose name on that server is `upstream_name`.
 fn upstream_tool(namespace: &str, server: &str, upstream_name: &str) -> Tool {
-    let link = toolyard_gateway::upstream::link::Link::new(format!("{namespace}/{server}"), Duration::from_secs(5));
+    let link =
+        toolyard_gateway::upstream::link::Link::new(format!("{namespace}/{server}"), Duration::from_secs(5), None);
     let upstream = toolyard_gateway::catalog::Upstream { tool: upstream_name.to_owned(), executor: Arc::new(link) };
     tool(namespace, server).with_upstream(upstream)
 }
@@ -262,7 +263,8 @@ async fn upstream_tools_are_granted_by_server_or_by_server_and_tool() {
     assert!(decide("carol", &tool(&ns, "x")).await);
 
     // A server's prompts are granted the same way; its resources with the whole server.
-    let link = Arc::new(toolyard_gateway::upstream::link::Link::new("market-data".into(), Duration::from_secs(5)));
+    let link =
+        Arc::new(toolyard_gateway::upstream::link::Link::new("market-data".into(), Duration::from_secs(5), None));
     let summary = toolyard_gateway::catalog::Prompt {
         namespace: ns.clone(),
         object_name: "market-data".into(),

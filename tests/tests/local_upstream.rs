@@ -265,6 +265,37 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
     let connections = setup.gateway.upstreams.connections();
     let c = &connections["market-data"];
     assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 9, 0), "{c:?}");
+
+    // Each proxied call's files are stored under the caller's prefix, like a function's: its
+    // input, its result (the server's answer in `mcp`) and its event log.
+    let calls = stored_calls(setup._data.path());
+    let quote = calls.iter().find(|c| c.0.contains("\"ticker\":\"ACME\"") && c.1.contains("12.5"));
+    let (_, result, log) = quote.unwrap_or_else(|| panic!("no stored call of market_data_get_quote: {calls:?}"));
+    let result: Value = serde_json::from_str(result).expect("result.json");
+    assert_eq!(result["mcp"]["structuredContent"], json!({"ticker": "ACME", "price": 12.5}), "{result}");
+    for event in ["call_accepted", "call_started", "call_finished"] {
+        assert!(log.contains(event), "{event} in {log}");
+    }
+}
+
+/// The calls stored under `data`: each one's input, result and first event segment.
+fn stored_calls(data: &std::path::Path) -> Vec<(String, String, String)> {
+    let mut found = Vec::new();
+    let mut folders = vec![data.to_owned()];
+    while let Some(dir) = folders.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.file_name().is_some_and(|n| n == "input.json")
+                && dir.parent().is_some_and(|p| p.ends_with("calls"))
+            {
+                let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+                found.push((read("input.json"), read("result.json"), read("events/000001.jsonl")));
+            }
+        }
+    }
+    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

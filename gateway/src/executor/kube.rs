@@ -175,7 +175,7 @@ pub struct KubeExecutor {
     running: Arc<RunningElsewhere>,
     load: Arc<PoolLoad>,
     pool: PoolClient,
-    records: CallRecords,
+    records: Arc<CallRecords>,
     signing_key: Option<SigningKey>,
     settings: KubeExecutorSettings,
     namespaces: Namespaces,
@@ -236,7 +236,7 @@ impl KubeExecutor {
                 }
             });
         }
-        let records = CallRecords::new(Arc::clone(&store));
+        let records = Arc::new(CallRecords::new(Arc::clone(&store)));
         Self {
             client,
             store,
@@ -464,6 +464,10 @@ impl Executor for KubeExecutor {
 
     async fn flush(&self) {
         self.records.flush().await;
+    }
+
+    fn records(&self) -> Option<Arc<CallRecords>> {
+        Some(Arc::clone(&self.records))
     }
 
     fn progress_hub(&self) -> Option<Arc<ProgressHub>> {

@@ -162,7 +162,7 @@ pub struct LocalExecutor {
     results: Arc<LocalResults>,
     slots: Arc<Semaphore>,
     pools: Arc<WarmPools>,
-    records: CallRecords,
+    records: Arc<CallRecords>,
     progress: Arc<ProgressHub>,
 }
 
@@ -183,7 +183,7 @@ impl LocalExecutor {
         pools: Arc<WarmPools>,
         max_concurrent_calls: usize,
     ) -> Result<Self> {
-        let records = CallRecords::new(Arc::clone(&store));
+        let records = Arc::new(CallRecords::new(Arc::clone(&store)));
         let slots = Arc::new(Semaphore::new(max_concurrent_calls.max(1)));
         Ok(Self { settings, key, store, results, slots, pools, records, progress: Arc::default() })
     }
@@ -392,6 +392,10 @@ impl Executor for LocalExecutor {
 
     async fn flush(&self) {
         self.records.flush().await;
+    }
+
+    fn records(&self) -> Option<Arc<CallRecords>> {
+        Some(Arc::clone(&self.records))
     }
 
     fn progress_hub(&self) -> Option<Arc<ProgressHub>> {

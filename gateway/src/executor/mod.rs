@@ -109,6 +109,13 @@ pub trait Executor: Send + Sync + 'static {
     /// Called at shutdown, once no new calls arrive.
     async fn flush(&self) {}
 
+    /// Where this executor stores the files of calls it answers itself (warm-pool calls), for
+    /// other call paths to store theirs the same way (upstream servers' calls); `None` when
+    /// it stores none.
+    fn records(&self) -> Option<Arc<pool::CallRecords>> {
+        None
+    }
+
     /// Where the internal API passes the progress events of calls this executor waits for
     /// (runners post them there); `None` when no runner reports through the internal API.
     fn progress_hub(&self) -> Option<Arc<events::ProgressHub>> {

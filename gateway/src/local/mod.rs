@@ -331,6 +331,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         args.upstream.settings("local".into()),
         Arc::new(LogStatus),
         Arc::new(dialer),
+        executor.records(),
         background.clone(),
     )?;
     upstreams.apply(

@@ -32,8 +32,9 @@ use toolyard_api::token::SigningKey;
 use toolyard_process::child::ProcessGroup;
 
 use crate::catalog::{CompletionSource, PromptSource, ResourceError, ResourceSource};
-use crate::executor::events::ProgressSender;
+use crate::executor::events::{self, ProgressSender};
 use crate::executor::local::{Launch, gateway_only_env};
+use crate::executor::pool::{CallRecord, CallRecords};
 use crate::executor::{CallRequest, Executor};
 
 /// Largest answer (one JSON body or SSE event) taken from an upstream server.
@@ -369,6 +370,8 @@ pub struct Link {
     pub list_changed: Arc<Notify>,
     /// Told when a call found the connection broken.
     pub broken: Notify,
+    /// Where calls' files go (none: not stored).
+    records: Option<Arc<CallRecords>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -378,9 +381,11 @@ impl std::fmt::Debug for Link {
 }
 
 impl Link {
-    /// The link of server `server` (`namespace/name`), whose calls may take `timeout`.
-    pub fn new(server: String, timeout: Duration) -> Self {
+    /// The link of server `server` (`namespace/name`), whose calls may take `timeout`, their
+    /// files stored by `records`.
+    pub fn new(server: String, timeout: Duration, records: Option<Arc<CallRecords>>) -> Self {
         Self {
+            records,
             server,
             timeout,
             peer: RwLock::new(None),
@@ -414,7 +419,25 @@ impl Drop for Route<'_> {
 
 #[async_trait]
 impl Executor for Link {
+    /// Forwards the call, then stores its files (input, result, event log) under the caller's
+    /// prefix like a warm-pool call's.
     async fn call(&self, request: CallRequest) -> crate::Result<CallResult> {
+        let result = self.forward(&request).await?;
+        if let Some(records) = &self.records {
+            let input = serde_json::to_vec(&request.arguments).unwrap_or_default();
+            let log = events::pool_log(&request, Vec::new(), &result);
+            let owner = request.caller.owner_key();
+            records
+                .record(CallRecord::new(owner, request.id.as_str(), input, &result, None, None).with_events(log))
+                .await;
+        }
+        Ok(result)
+    }
+}
+
+impl Link {
+    /// The server's answer to `request`, or why there is none.
+    async fn forward(&self, request: &CallRequest) -> crate::Result<CallResult> {
         let started = Instant::now();
         let ms = || started.elapsed().as_millis() as u64;
         let Some(upstream) = request.tool.upstream.as_ref() else {
@@ -428,10 +451,10 @@ impl Executor for Link {
                 ms(),
             ));
         };
-        let mut params = CallToolRequestParams::new(upstream.tool.clone()).with_arguments(request.arguments);
-        if let Some(traceparent) = request.traceparent {
+        let mut params = CallToolRequestParams::new(upstream.tool.clone()).with_arguments(request.arguments.clone());
+        if let Some(traceparent) = &request.traceparent {
             let mut meta = RequestMetaObject::default();
-            meta.0.insert("traceparent".into(), Value::String(traceparent));
+            meta.0.insert("traceparent".into(), Value::String(traceparent.clone()));
             params.meta = Some(meta);
         }
         // The call's deadline is kept below, where a cancellation also ends the wait.
@@ -451,7 +474,7 @@ impl Executor for Link {
                 ));
             }
         };
-        let progress = request.progress;
+        let progress = request.progress.clone();
         let _route = progress.clone().map(|sender| {
             let token = handle.progress_token.clone();
             self.progress.register(token.clone(), sender);

@@ -37,6 +37,7 @@ use crate::catalog::{
     CompletionSource, Prompt, PromptSource, ResourceSource, ServedResource, Tool, ToolCatalog, Upstream,
 };
 use crate::executor::local::LaunchSettings;
+use crate::executor::pool::CallRecords;
 
 /// Longest tool name served (MCP allows 128 characters).
 pub const MAX_TOOL_NAME: usize = 128;
@@ -239,6 +240,7 @@ struct Inner {
     http: reqwest::Client,
     sink: Arc<dyn StatusSink>,
     dialer: Arc<dyn Dialer>,
+    records: Option<Arc<CallRecords>>,
     servers: Mutex<BTreeMap<Key, Server>>,
     tools: RwLock<Arc<Vec<Arc<Tool>>>>,
     prompts: RwLock<Arc<Vec<Arc<Prompt>>>>,
@@ -261,13 +263,15 @@ impl std::fmt::Debug for Upstreams {
 
 impl Upstreams {
     /// The catalog over `functions`, with no server yet ([`Upstreams::apply`] sets them);
-    /// connection states go to `sink`, `dialer` says how each server is reached. Its tasks
-    /// stop with `background`.
+    /// connection states go to `sink`, `dialer` says how each server is reached, `records`
+    /// stores each call's files (the executor's: flushed with it). Its tasks stop with
+    /// `background`.
     pub fn new(
         functions: Arc<dyn ToolCatalog>,
         settings: UpstreamSettings,
         sink: Arc<dyn StatusSink>,
         dialer: Arc<dyn Dialer>,
+        records: Option<Arc<CallRecords>>,
         background: CancellationToken,
     ) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
@@ -281,6 +285,7 @@ impl Upstreams {
                 http,
                 sink,
                 dialer,
+                records,
                 servers: Mutex::default(),
                 tools: RwLock::default(),
                 prompts: RwLock::default(),
@@ -360,7 +365,7 @@ impl Upstreams {
 
     fn start(&self, config: ServerConfig) -> Server {
         let stop = self.inner.background.child_token();
-        let link = Arc::new(Link::new(config.display(), timeout_of(&config.spec)));
+        let link = Arc::new(Link::new(config.display(), timeout_of(&config.spec), self.inner.records.clone()));
         let first = ConnectionStatus {
             replica: self.inner.settings.replica.clone(),
             observed_generation: config.generation,

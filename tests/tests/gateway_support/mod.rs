@@ -412,16 +412,6 @@ impl Gateway {
         // are rewritten every second (others' pruned after three).
         let upstream_args =
             UpstreamArgs { upstream_ping_seconds: 1, upstream_connect_timeout_seconds: 2, upstream_status_seconds: 1 };
-        let status = StatusPatcher::new(client.clone(), REPLICA);
-        let upstreams = Upstreams::new(
-            Arc::new(catalog.clone()),
-            upstream_args.settings(REPLICA.into()),
-            Arc::new(status.clone()),
-            Arc::new(KubeDialer::new(client.clone(), signing_key())),
-            background.clone(),
-        )
-        .expect("upstreams");
-        toolyard_gateway::upstream::kube::watch(&client, &ns, upstreams.clone(), status, background.clone());
         let executor = KubeExecutor::start(
             client.clone(),
             store.clone(),
@@ -436,6 +426,17 @@ impl Gateway {
             },
             background.clone(),
         );
+        let status = StatusPatcher::new(client.clone(), REPLICA);
+        let upstreams = Upstreams::new(
+            Arc::new(catalog.clone()),
+            upstream_args.settings(REPLICA.into()),
+            Arc::new(status.clone()),
+            Arc::new(KubeDialer::new(client.clone(), signing_key())),
+            toolyard_gateway::executor::Executor::records(&executor),
+            background.clone(),
+        )
+        .expect("upstreams");
+        toolyard_gateway::upstream::kube::watch(&client, &ns, upstreams.clone(), status, background.clone());
         let authorizer = SarAuthorizer::new(client.clone(), SarSettings::default(), AuthzMetrics::default());
         // The test cluster's users hold static (opaque) tokens.
         let auth_args =
