@@ -412,6 +412,7 @@ impl Upstreams {
     /// Recomputes the catalog: the functions, then each connected server's tools under their
     /// served names, leaving out names already taken.
     fn rebuild(&self) {
+        let servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
         let functions = self.inner.functions.tools();
         let mut taken: BTreeSet<String> = functions.iter().map(|t| t.name().to_owned()).collect();
         taken.extend(RESERVED_TOOL_NAMES.iter().chain(MORE_BUILTINS).map(|n| (*n).to_owned()));
@@ -420,7 +421,6 @@ impl Upstreams {
         let mut prompt_names: BTreeSet<String> = BTreeSet::new();
         let mut resources: Vec<Arc<ServedResource>> = Vec::new();
         let mut uris: BTreeSet<String> = BTreeSet::new();
-        let servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
         for server in servers.values() {
             let prefix = server.config.spec.prefix(&server.config.name);
             let mut served = 0;
@@ -489,11 +489,15 @@ impl Upstreams {
                 !same
             });
         }
-        drop(servers);
+        // Published before the servers' lock is released: rebuilds run one at a time, so the
+        // last one published saw the latest listings (two servers connecting at once each
+        // rebuild; had the one that saw only the first published last, the second's tools
+        // would be missing while its status said they were served).
         *self.inner.tools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tools);
         prompts.sort_by(|a, b| a.name.cmp(&b.name));
         *self.inner.prompts.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(prompts);
         *self.inner.resources.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(resources);
+        drop(servers);
         self.inner.version.send_modify(|v| *v += 1);
     }
 }
