@@ -547,21 +547,55 @@ impl Link {
 #[async_trait]
 impl PromptSource for Link {
     async fn get(&self, name: &str, arguments: serde_json::Map<String, Value>) -> Result<Value, String> {
-        let Some(peer) = self.current() else {
-            return Err(format!("the MCP server {} is not connected; try again later", self.server));
-        };
         let mut params = GetPromptRequestParams::new(name.to_owned());
         params.arguments = Some(arguments);
-        match tokio::time::timeout(self.timeout, peer.get_prompt(params)).await {
-            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| e.to_string()),
+        self.ask("prompts/get", |peer| async move { peer.get_prompt(params).await }).await.map_err(String::from)
+    }
+}
+
+/// Why [`Link::ask`] got no answer.
+enum Unanswered {
+    /// The server answered with an error.
+    Refused(rmcp::ErrorData, String),
+    /// Not connected, a broken connection, or no answer in time (the message says which).
+    Failed(String),
+}
+
+impl From<Unanswered> for String {
+    fn from(u: Unanswered) -> String {
+        match u {
+            Unanswered::Refused(_, message) | Unanswered::Failed(message) => message,
+        }
+    }
+}
+
+impl Link {
+    /// `method` (sent by `send`) on the current connection, its answer as JSON within the
+    /// server's timeout; a broken connection is reported for the next ping.
+    async fn ask<T, F, Fut>(&self, method: &str, send: F) -> Result<Value, Unanswered>
+    where
+        T: serde::Serialize,
+        F: FnOnce(Peer<RoleClient>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, rmcp::ServiceError>>,
+    {
+        let server = &self.server;
+        let Some(peer) = self.current() else {
+            return Err(Unanswered::Failed(format!("the MCP server {server} is not connected; try again later")));
+        };
+        match tokio::time::timeout(self.timeout, send(peer)).await {
+            Ok(Ok(answer)) => serde_json::to_value(&answer).map_err(|e| Unanswered::Failed(e.to_string())),
             Ok(Err(rmcp::ServiceError::McpError(error))) => {
-                Err(format!("the MCP server {} refused prompts/get: {}", self.server, error.message))
+                let message = format!("the MCP server {server} refused {method}: {}", error.message);
+                Err(Unanswered::Refused(error, message))
             }
             Ok(Err(e)) => {
                 self.broken.notify_one();
-                Err(format!("the MCP server {} failed: {}", self.server, error_chain(&e)))
+                Err(Unanswered::Failed(format!("the MCP server {server} failed: {}", error_chain(&e))))
             }
-            Err(_) => Err(format!("the MCP server {} did not answer within {} s", self.server, self.timeout.as_secs())),
+            Err(_) => Err(Unanswered::Failed(format!(
+                "the MCP server {server} did not answer within {} s",
+                self.timeout.as_secs()
+            ))),
         }
     }
 }
@@ -582,33 +616,15 @@ async fn within<T>(
 #[async_trait]
 impl ResourceSource for Link {
     async fn read(&self, uri: &str) -> Result<Value, ResourceError> {
-        let Some(peer) = self.current() else {
-            return Err(ResourceError::Failed(format!(
-                "the MCP server {} is not connected; try again later",
-                self.server
-            )));
-        };
         let params = ReadResourceRequestParams::new(uri.to_owned());
-        match tokio::time::timeout(self.timeout, peer.read_resource(params)).await {
-            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| ResourceError::Failed(e.to_string())),
-            Ok(Err(rmcp::ServiceError::McpError(error)))
+        match self.ask("resources/read", |peer| async move { peer.read_resource(params).await }).await {
+            Ok(answer) => Ok(answer),
+            Err(Unanswered::Refused(error, _))
                 if error.code == ErrorCode::RESOURCE_NOT_FOUND || error.code == ErrorCode::INVALID_PARAMS =>
             {
                 Err(ResourceError::NotFound)
             }
-            Ok(Err(rmcp::ServiceError::McpError(error))) => Err(ResourceError::Failed(format!(
-                "the MCP server {} refused resources/read: {}",
-                self.server, error.message
-            ))),
-            Ok(Err(e)) => {
-                self.broken.notify_one();
-                Err(ResourceError::Failed(format!("the MCP server {} failed: {}", self.server, error_chain(&e))))
-            }
-            Err(_) => Err(ResourceError::Failed(format!(
-                "the MCP server {} did not answer within {} s",
-                self.server,
-                self.timeout.as_secs()
-            ))),
+            Err(other) => Err(ResourceError::Failed(other.into())),
         }
     }
 }
@@ -616,25 +632,15 @@ impl ResourceSource for Link {
 #[async_trait]
 impl CompletionSource for Link {
     async fn complete(&self, request: Value) -> Result<Value, String> {
-        let Some(peer) = self.current() else {
-            return Err(format!("the MCP server {} is not connected; try again later", self.server));
-        };
-        if peer.peer_info().is_none_or(|info| info.capabilities.completions.is_none()) {
-            // A server without completions has no suggestions.
-            return serde_json::to_value(CompleteResult::default()).map_err(|e| e.to_string());
-        }
         let params: CompleteRequestParams = serde_json::from_value(request).map_err(|e| e.to_string())?;
-        match tokio::time::timeout(self.timeout, peer.complete(params)).await {
-            Ok(Ok(result)) => serde_json::to_value(&result).map_err(|e| e.to_string()),
-            Ok(Err(rmcp::ServiceError::McpError(error))) => {
-                Err(format!("the MCP server {} refused completion/complete: {}", self.server, error.message))
+        let complete = |peer: Peer<RoleClient>| async move {
+            if peer.peer_info().is_none_or(|info| info.capabilities.completions.is_none()) {
+                // A server without completions has no suggestions.
+                return Ok(CompleteResult::default());
             }
-            Ok(Err(e)) => {
-                self.broken.notify_one();
-                Err(format!("the MCP server {} failed: {}", self.server, error_chain(&e)))
-            }
-            Err(_) => Err(format!("the MCP server {} did not answer within {} s", self.server, self.timeout.as_secs())),
-        }
+            peer.complete(params).await
+        };
+        self.ask("completion/complete", complete).await.map_err(String::from)
     }
 }
 
