@@ -666,17 +666,33 @@ impl McpHandler {
     /// The JSON-RPC error of a failed platform check (logged here; details stay out of the
     /// answer).
     /// The upstream prompts of the request's endpoint that `info`'s caller may get.
-    async fn visible_prompts(&self, info: &RequestInfo<'_>) -> Result<Vec<Arc<Prompt>>, ErrorData> {
+    /// The upstream servers' prompts that `wanted` picks and the caller may get here (only
+    /// those picked are authorized).
+    async fn visible_prompts(
+        &self,
+        info: &RequestInfo<'_>,
+        wanted: impl Fn(&Prompt) -> bool,
+    ) -> Result<Vec<Arc<Prompt>>, ErrorData> {
         let who = info.identity()?;
         let scope = info.scope();
-        let candidates =
-            self.state.catalog.prompts().into_iter().filter(|p| scope.shows_server_of(p.toolset.as_deref())).collect();
+        let candidates = self
+            .state
+            .catalog
+            .prompts()
+            .into_iter()
+            .filter(|p| scope.shows_server_of(p.toolset.as_deref()) && wanted(p))
+            .collect();
         let authorizer = &self.state.authorizer;
         self.permitted(candidates, |p| async move { authorizer.can_get_prompt(who, &p).await.map(|ok| (p, ok)) }).await
     }
 
-    /// The upstream servers' resources and resource templates the caller may read here.
-    async fn visible_resources(&self, info: &RequestInfo<'_>) -> Result<Vec<Arc<ServedResource>>, ErrorData> {
+    /// The upstream servers' resources and resource templates that `wanted` picks and the
+    /// caller may read here (only those picked are authorized).
+    async fn visible_resources(
+        &self,
+        info: &RequestInfo<'_>,
+        wanted: impl Fn(&ServedResource) -> bool,
+    ) -> Result<Vec<Arc<ServedResource>>, ErrorData> {
         let who = info.identity()?;
         let scope = info.scope();
         let candidates = self
@@ -684,7 +700,7 @@ impl McpHandler {
             .catalog
             .resources()
             .into_iter()
-            .filter(|r| scope.shows_server_of(r.toolset.as_deref()))
+            .filter(|r| scope.shows_server_of(r.toolset.as_deref()) && wanted(r))
             .collect();
         let authorizer = &self.state.authorizer;
         self.permitted(candidates, |r| async move { authorizer.can_read_resource(who, &r).await.map(|ok| (r, ok)) })
@@ -718,7 +734,7 @@ impl McpHandler {
         if uri.starts_with("toolyard://") {
             return None;
         }
-        let visible = match self.visible_resources(info).await {
+        let visible = match self.visible_resources(info, |r| r.matches(uri).is_some()).await {
             Ok(v) => v,
             Err(e) => return Some(Err(e)),
         };
@@ -745,8 +761,8 @@ impl McpHandler {
             let shown: String = request.name.chars().take(64).collect();
             ErrorData::invalid_params(format!("Unknown prompt: {shown:?}"), None)
         };
-        let prompts = self.visible_prompts(info).await?;
-        let prompt = prompts.iter().find(|p| p.name == request.name).ok_or_else(unknown)?;
+        let prompts = self.visible_prompts(info, |p| p.name == request.name).await?;
+        let prompt = prompts.first().ok_or_else(unknown)?;
         let arguments = request.arguments.clone().unwrap_or_default();
         let missing: Vec<&str> =
             prompt.required.iter().filter(|a| !arguments.contains_key(a.as_str())).map(String::as_str).collect();
@@ -773,8 +789,9 @@ impl McpHandler {
     ) -> Result<CompleteResult, ErrorData> {
         let completer = match &mut request.r#ref {
             Reference::Prompt(reference) => {
-                let prompts = self.visible_prompts(info).await?;
-                let Some(prompt) = prompts.iter().find(|p| p.name == reference.name) else {
+                let name = reference.name.clone();
+                let prompts = self.visible_prompts(info, |p| p.name == name).await?;
+                let Some(prompt) = prompts.first() else {
                     let shown: String = reference.name.chars().take(64).collect();
                     return Err(ErrorData::invalid_params(format!("Unknown prompt: {shown:?}"), None));
                 };
@@ -782,9 +799,9 @@ impl McpHandler {
                 prompt.completer.clone()
             }
             Reference::Resource(reference) => {
-                let resources = self.visible_resources(info).await?;
-                let template = resources.iter().find(|r| r.template_prefix.is_some() && r.uri == reference.uri);
-                match template {
+                let uri = reference.uri.clone();
+                let templates = self.visible_resources(info, |r| r.template_prefix.is_some() && r.uri == uri).await?;
+                match templates.first() {
                     Some(template) => template.completer.clone(),
                     None => return Ok(CompleteResult::default()),
                 }
@@ -877,7 +894,7 @@ impl ServerHandler for McpHandler {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        let result = self.visible_prompts(&RequestInfo::from_context(&context)).await.map(|prompts| {
+        let result = self.visible_prompts(&RequestInfo::from_context(&context), |_| true).await.map(|prompts| {
             let items = prompts.iter().filter_map(|p| serde_json::from_value::<McpPrompt>(p.listing.clone()).ok());
             ListPromptsResult::with_all_items(items.collect())
         });
@@ -930,13 +947,10 @@ impl ServerHandler for McpHandler {
         if let Ok(page) = result.as_mut()
             && cursor.is_none()
         {
-            match self.visible_resources(&RequestInfo::from_context(&context)).await {
-                Ok(upstream) => page.resources.extend(
-                    upstream
-                        .iter()
-                        .filter(|r| r.template_prefix.is_none())
-                        .filter_map(|r| serde_json::from_value::<Resource>(r.listing.clone()).ok()),
-                ),
+            match self.visible_resources(&RequestInfo::from_context(&context), |r| r.template_prefix.is_none()).await {
+                Ok(upstream) => page
+                    .resources
+                    .extend(upstream.iter().filter_map(|r| serde_json::from_value::<Resource>(r.listing.clone()).ok())),
                 Err(e) => result = Err(e),
             }
         }
@@ -952,15 +966,15 @@ impl ServerHandler for McpHandler {
         Self::identity(&context)?;
         let mut templates =
             if self.state.tasks.is_some() { resources::templates() } else { ListResourceTemplatesResult::default() };
-        let result = self.visible_resources(&RequestInfo::from_context(&context)).await.map(|upstream| {
-            templates.resource_templates.extend(
-                upstream
-                    .iter()
-                    .filter(|r| r.template_prefix.is_some())
-                    .filter_map(|r| serde_json::from_value::<ResourceTemplate>(r.listing.clone()).ok()),
-            );
-            templates
-        });
+        let result = self
+            .visible_resources(&RequestInfo::from_context(&context), |r| r.template_prefix.is_some())
+            .await
+            .map(|upstream| {
+                templates.resource_templates.extend(
+                    upstream.iter().filter_map(|r| serde_json::from_value::<ResourceTemplate>(r.listing.clone()).ok()),
+                );
+                templates
+            });
         self.count("resources/templates/list", result.is_ok());
         result
     }
