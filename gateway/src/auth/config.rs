@@ -246,6 +246,7 @@ impl AuthArgs {
             scopes_supported,
             resource_name: Some("Toolyard".into()),
             allowed_hosts: AllowedHosts::new(&ctx.allowed_hosts),
+            own_authorization_server: false,
         };
         metadata.validate().map_err(anyhow::Error::msg)?;
         let state = AuthState {

@@ -32,6 +32,9 @@ pub struct ProtectedResourceMetadata {
     pub default_scheme: String,
     /// Authorization servers (the OIDC issuers).
     pub authorization_servers: Vec<String>,
+    /// The gateway is its own authorization server (the local mode's
+    /// [`crate::local::oauth`]): the documents name the gateway's base URL.
+    pub own_authorization_server: bool,
     /// Scopes clients may ask for.
     pub scopes_supported: Vec<String>,
     /// Human-readable name of the resource.
@@ -89,7 +92,9 @@ impl ProtectedResourceMetadata {
             "resource": format!("{base}{resource_path}"),
             "bearer_methods_supported": ["header"],
         });
-        if !self.authorization_servers.is_empty() {
+        if self.own_authorization_server {
+            doc["authorization_servers"] = json!([base]);
+        } else if !self.authorization_servers.is_empty() {
             doc["authorization_servers"] = json!(self.authorization_servers);
         }
         if !self.scopes_supported.is_empty() {

@@ -13,6 +13,7 @@
 //! authentication, so they get a listener of their own, only with `--metrics-listen`.
 
 mod banner;
+pub mod oauth;
 pub mod setup;
 pub mod workers;
 
@@ -28,7 +29,7 @@ use toolyard_api::token::SigningKey;
 
 use crate::assemble::{Assembled, Backends, assemble};
 use crate::auth::apikey::{API_KEY_PREFIX, ApiKey, ApiKeyAuthenticator, generate_api_key, hash_api_key};
-use crate::auth::{AuthChain, AuthMetrics, AuthState, ProtectedResourceMetadata};
+use crate::auth::{AuthChain, AuthMetrics, AuthState, Authenticator, ProtectedResourceMetadata};
 use crate::authz::{AuthzMetrics, PolicyAuthorizer};
 use crate::catalog::ToolCatalog;
 use crate::catalog::local::LocalCatalog;
@@ -43,6 +44,7 @@ use crate::state::{Settings, loopback_hosts};
 use crate::store::fs::{Durability, FsStore};
 use crate::tasks::local::{LocalTaskBackend, LocalTaskSettings, LocalTasks};
 use crate::upstream::{LocalDialer, LogStatus, ServerConfig, Upstreams};
+use oauth::LocalAuthorization;
 use setup::DataDirLock;
 use workers::WarmPools;
 
@@ -289,8 +291,19 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
 
     let token = fixed_token.unwrap_or_else(|| generate_api_key().0);
     let key_entry = ApiKey::new(args.user.clone(), Vec::new(), &hash_api_key(&token)).map_err(anyhow::Error::msg)?;
-    let mut chain =
-        AuthChain::new(vec![Arc::new(ApiKeyAuthenticator::from_keys(vec![key_entry]))]).with_metrics(auth_metrics);
+    let local_key: Arc<dyn Authenticator> = Arc::new(ApiKeyAuthenticator::from_keys(vec![key_entry]));
+    let mut allowed_hosts = loopback_hosts();
+    allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
+    let metadata = ProtectedResourceMetadata {
+        default_scheme: "http".into(),
+        resource_name: Some("Toolyard (local)".into()),
+        allowed_hosts: AllowedHosts::new(&allowed_hosts),
+        own_authorization_server: true,
+        ..ProtectedResourceMetadata::default()
+    };
+    // Clients that sign in only through OAuth get their tokens from the gateway itself.
+    let authorization = LocalAuthorization::new(local_key.clone(), &args.user, metadata.clone());
+    let mut chain = AuthChain::new(vec![local_key, authorization.clone()]).with_metrics(auth_metrics);
     if args.anonymous {
         tracing::warn!(user = %args.user, "--anonymous: requests without a token act as the local user");
         let local_user = crate::Identity {
@@ -301,14 +314,6 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         };
         chain = chain.with_anonymous(local_user);
     }
-    let mut allowed_hosts = loopback_hosts();
-    allowed_hosts.extend(args.allowed_hosts.iter().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty()));
-    let metadata = ProtectedResourceMetadata {
-        default_scheme: "http".into(),
-        resource_name: Some("Toolyard (local)".into()),
-        allowed_hosts: AllowedHosts::new(&allowed_hosts),
-        ..ProtectedResourceMetadata::default()
-    };
     let auth = Arc::new(AuthState { chain, metadata, required_scopes: Vec::new(), scoped_issuers: Vec::new() });
 
     let settings = Settings {
@@ -357,6 +362,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
         recorder: results,
         signing_key: key,
         auth,
+        public_routes: oauth::router(authorization),
     };
     let Assembled { state, public, internal } =
         assemble(backends, settings, InternalLimits::default(), metrics, &tokens);

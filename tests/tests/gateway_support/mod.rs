@@ -476,6 +476,7 @@ impl Gateway {
             recorder: Arc::new(KubeResultRecorder::new(client)),
             signing_key: signing_key(),
             auth: auth.state,
+            public_routes: axum::Router::new(),
         };
         let metrics = Arc::new(Metrics::new());
         let Assembled { state, public, internal: internal_router } =
