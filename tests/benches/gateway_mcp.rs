@@ -31,118 +31,42 @@
 //! OTLP export on (every call's spans sent to the test cluster's trace store, Jaeger), in the
 //! same rounds, for the cost of tracing.
 
+#[path = "support/gateway_role.rs"]
+mod gateway_role;
 #[path = "../tests/gateway_support/mod.rs"]
 mod gateway_support;
 #[path = "support/loadgen.rs"]
 mod loadgen;
+#[path = "support/procs.rs"]
+mod procs;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use gateway_support::{create_tool, grant_call, grant_platform};
 use serde_json::json;
-use toolyard_api::protocol::CallResult;
-use toolyard_gateway::app::app_with;
-use toolyard_gateway::auth::config::AuthContext;
-use toolyard_gateway::auth::{AuthMetrics, metadata_router};
-use toolyard_gateway::authz::{AuthzMetrics, SarAuthorizer, SarSettings};
-use toolyard_gateway::catalog::kube::{KubeCatalog, Namespaces};
-use toolyard_gateway::executor::{CallRequest, Executor};
-use toolyard_gateway::server::{self, Drain, Listener, ServerSettings, ShutdownTokens};
-use toolyard_gateway::state::{AppState, Settings};
-use toolyard_gateway::store::fs::FsStore;
-use toolyard_tests::{TestEnv, User, repo_path, wait_until};
+use toolyard_tests::{TestEnv, User, repo_path};
+
+use procs::{Killed, ROLE, cpu_seconds, exit_when_stdin_closes, free_port, median, python_with_mcp, spawn_role};
 
 /// The allocator `toolyard-gateway` runs with (see its `main.rs`), for the gateway role.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const ROLE: &str = "TOOLYARD_BENCH_ROLE";
 const NAMESPACE: &str = "TOOLYARD_BENCH_NAMESPACE";
-
-/// The executor of this benchmark: answers every call at once with `{"echo": arguments}`.
-struct InstantExecutor;
-
-#[async_trait]
-impl Executor for InstantExecutor {
-    async fn call(&self, request: CallRequest) -> toolyard_gateway::Result<CallResult> {
-        Ok(CallResult::ok(json!({"echo": request.arguments}), 0))
-    }
-}
 
 fn main() {
     if std::env::var_os(ROLE).is_some() {
         exit_when_stdin_closes();
     }
     match std::env::var(ROLE).as_deref() {
-        Ok("gateway") => return run_gateway_process(),
+        Ok("gateway") => return gateway_role::run(&std::env::var(NAMESPACE).expect("namespace"), false),
         Ok("floor") => return run_floor_process(),
         Ok("idle-spinner") => return run_idle_spinner_process(),
         _ => {}
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(run_benchmark());
-}
-
-/// The gateway under test, in its own process so its CPU can be measured alone. Its runtime
-/// has one worker per CPU, as `toolyard-gateway serve` has; `TOOLYARD_BENCH_GATEWAY_WORKERS`
-/// sets another count, to see what the cross-worker wake-ups cost.
-fn run_gateway_process() {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = std::env::var("TOOLYARD_BENCH_GATEWAY_WORKERS").ok().and_then(|n| n.parse().ok()) {
-        builder.worker_threads(n);
-    }
-    // As `toolyard-gateway` sets it up: export on when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
-    let telemetry = toolyard_gateway::logging::init(toolyard_gateway::logging::LogFormat::Plain);
-    let runtime = builder.enable_all().build().expect("runtime");
-    runtime.block_on(async {
-        let _telemetry = telemetry;
-        let env = TestEnv::get();
-        let ns = std::env::var(NAMESPACE).expect("namespace");
-        let client = env.client(User::Gateway).await;
-        let background = tokio_util::sync::CancellationToken::new();
-        let catalog = KubeCatalog::start(client.clone(), &Namespaces::Only(vec![ns]), background.clone());
-        let store_dir = std::env::temp_dir().join(format!("toolyard-bench-{}", std::process::id()));
-        let store = Arc::new(FsStore::new(&store_dir).expect("store"));
-        let authorizer = SarAuthorizer::new(client.clone(), SarSettings::default(), AuthzMetrics::default());
-        // The test cluster's users hold static (opaque) tokens.
-        let flags = ["--tokenreview", "--tokenreview-audience", "toolyard", "--tokenreview-opaque-tokens"];
-        let auth = gateway_support::auth_args(&flags)
-            .build(AuthContext {
-                kube: Some(client),
-                namespace: "toolyard".into(),
-                public_url: None,
-                default_scheme: "http".into(),
-                allowed_hosts: Vec::new(),
-                metrics: AuthMetrics::default(),
-                shutdown: background.clone(),
-            })
-            .await
-            .expect("auth");
-        let mut settings = Settings::default();
-        settings.limits.max_calls_per_user = 1024;
-        settings.limits.max_http_in_flight_per_user = 1024;
-        let tokens = ShutdownTokens::default();
-        let state =
-            AppState::new(Arc::new(catalog.clone()), Arc::new(InstantExecutor), store, Arc::new(authorizer), settings)
-                .with_shutdown(tokens.app.clone());
-        let router =
-            app_with(state, auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
-        wait_until(Duration::from_secs(30), "catalog sync", || {
-            let catalog = catalog.clone();
-            async move { Ok(toolyard_gateway::catalog::ToolCatalog::is_synced(&catalog)) }
-        })
-        .await
-        .expect("sync");
-        let socket = server::bind("public", "127.0.0.1:0").expect("bind");
-        println!("listening on {}", socket.local_addr().expect("addr"));
-        let listeners = vec![Listener { name: "public", socket, router, tls: None, drain: Drain::First }];
-        server::serve(listeners, &ServerSettings::default(), tokens).await.expect("serve");
-        let _ = std::fs::remove_dir_all(store_dir);
-    });
 }
 
 /// The transport floor: a bare axum server (same runtime, same HTTP stack as the gateway)
@@ -162,16 +86,6 @@ fn run_floor_process() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         println!("listening on {}", listener.local_addr().expect("addr"));
         axum::serve(listener, router).await.expect("serve");
-    });
-}
-
-/// Ends this role process once its standard input closes. The bench holds the other end of
-/// that pipe (see [`spawn_role`]), so a role ends with the bench however the bench ends, even
-/// killed with SIGKILL, when no `Drop` runs: a spinner left behind would keep every CPU busy.
-fn exit_when_stdin_closes() {
-    std::thread::spawn(|| {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        std::process::exit(0);
     });
 }
 
@@ -234,23 +148,6 @@ impl Node {
             Ok(other) => panic!("TOOLYARD_BENCH_NODE: `{other}` is none of idle, busy, both"),
         }
     }
-}
-
-/// CPU seconds (user + system) of a process so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    let fields: Vec<&str> = stat.rsplit(')').next().expect("fields").split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15 (1-based) -> indexes 11 and 12.
-    let ticks: f64 = fields[11].parse::<f64>().expect("utime") + fields[12].parse::<f64>().expect("stime");
-    ticks / clock_ticks()
-}
-
-fn clock_ticks() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        let out = Command::new("getconf").arg("CLK_TCK").output().expect("getconf");
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(100.0)
-    })
 }
 
 /// One server under test.
@@ -339,33 +236,6 @@ async fn run_cell(target: &Target, op: &'static str, clients: usize, seconds: f6
     .expect("cell")
 }
 
-fn python_with_mcp() -> String {
-    if let Ok(p) = std::env::var("TOOLYARD_TEST_PYTHON") {
-        return p;
-    }
-    let home = std::env::var("HOME").expect("HOME");
-    let python = format!("{home}/.cache/toolyard/venv/bin/python");
-    assert!(
-        Command::new(&python).args(["-c", "import mcp"]).status().is_ok_and(|s| s.success()),
-        "{python} cannot import mcp: create the venv (python3 -m venv ~/.cache/toolyard/venv && \
-         ~/.cache/toolyard/venv/bin/pip install -r tests/python-requirements.txt)"
-    );
-    python
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// This program again in `role`, with its address read from its first line.
 fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
     spawn_exe(&std::env::current_exe().expect("exe"), role, namespace)
@@ -373,39 +243,7 @@ fn spawn_self(role: &str, namespace: &str) -> (Killed, String) {
 
 /// A build of this bench (this one or `TOOLYARD_BENCH_BASELINE_EXE`) in `role`.
 fn spawn_exe(exe: &std::path::Path, role: &str, namespace: &str) -> (Killed, String) {
-    spawn_exe_with(exe, role, &[(NAMESPACE, namespace)])
-}
-
-/// [`spawn_exe`] with more environment.
-fn spawn_exe_with(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (Killed, String) {
-    let (child, line) = spawn_role(exe, role, env);
-    let addr = line.trim().strip_prefix("listening on ").expect("listening line").to_owned();
-    (child, addr)
-}
-
-/// `exe` in `role` with `env`, and the first line it prints (once it is ready). The child's
-/// standard input is a pipe whose write end stays in the returned [`Child`]: the role ends when
-/// it closes (see [`exit_when_stdin_closes`]).
-fn spawn_role(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (Killed, String) {
-    let mut child = Command::new(exe)
-        .env(ROLE, role)
-        .envs(env.iter().copied())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting the {role} process: {e}"));
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
-    (Killed(child), line)
-}
-
-/// The median; of an even count, the mean of the two middle values.
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len().is_multiple_of(2) { (values[mid - 1] + values[mid]) / 2.0 } else { values[mid] }
+    procs::spawn_server(exe, role, &[(NAMESPACE, namespace)])
 }
 
 /// [`run_idle_spinner_process`] in a process of its own (its CPU is no server's), running once
@@ -492,7 +330,7 @@ async fn run_benchmark() {
         let otlp = env.var("TOOLYARD_TEST_OTLP_ENDPOINT");
         let exe = std::env::current_exe().expect("exe");
         let (child, addr) =
-            spawn_exe_with(&exe, "gateway", &[(NAMESPACE, ns.as_str()), ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)]);
+            procs::spawn_server(&exe, "gateway", &[(NAMESPACE, ns.as_str()), ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)]);
         targets.push(Target {
             name: "traced-gateway",
             url: format!("http://{addr}/mcp"),
