@@ -14,16 +14,26 @@ use serde_json::{Map, Value};
 
 use crate::common::{SecretKeyRef, conditions_schema, json_schema_object, optional_json_schema_object};
 
-/// Names of the gateway's built-in tools; an McpTool may not take them.
+/// Names of the gateway's built-in tools; an McpTool may not take them (the McpTool schema's
+/// rule on `spec.name` lists the same names; a test checks that the two agree).
 pub const RESERVED_TOOL_NAMES: &[&str] = &[
-    "run_coding_task",
-    "get_task_result",
-    "list_tasks",
+    "call_tool",
+    "cancel_call",
     "cancel_task",
+    "delete_call",
+    "delete_task",
+    "get_call_result",
+    "get_task_result",
     "list_artifacts",
+    "list_tasks",
     "read_artifact",
+    "run_coding_task",
+    "start_call",
     "tool_search",
 ];
+
+/// The McpTool schema's CEL rule refusing [`RESERVED_TOOL_NAMES`] for `spec.name`.
+pub const RESERVED_NAME_RULE: &str = "!(self in ['call_tool', 'cancel_call', 'cancel_task', 'delete_call', 'delete_task', 'get_call_result', 'get_task_result', 'list_artifacts', 'list_tasks', 'read_artifact', 'run_coding_task', 'start_call', 'tool_search'])";
 
 /// Longest allowed call timeout of a tool.
 pub const MAX_TOOL_TIMEOUT_SECONDS: i32 = 3600;
@@ -56,7 +66,7 @@ pub struct McpToolSpec {
     /// function name in coding tasks). Unique among the tools a gateway serves.
     #[x_kube(
         validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("name must start with a letter or '_' and contain only letters, digits and '_'"),
-        validation = Rule::new("!(self in ['run_coding_task', 'get_task_result', 'list_tasks', 'cancel_task', 'list_artifacts', 'read_artifact', 'tool_search'])").message("name is reserved for a built-in tool of the gateway")
+        validation = Rule::new(RESERVED_NAME_RULE).message("name is reserved for a built-in tool of the gateway")
     )]
     #[schemars(length(min = 1, max = 64))]
     pub name: String,

@@ -75,3 +75,25 @@ fn every_invalid_fixture_names_the_error_it_must_produce() {
         assert!(!expect.trim().is_empty(), "{}", path.display());
     }
 }
+
+#[test]
+fn the_reserved_name_rule_lists_exactly_the_reserved_names() {
+    let (_, crd) = toolyard_api::crdgen::all().into_iter().find(|(f, _)| *f == "mcptools.yaml").expect("McpTool CRD");
+    let crd = serde_json::to_value(crd).expect("CRD as JSON");
+    let rules =
+        crd.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/name/x-kubernetes-validations");
+    let rule = rules
+        .and_then(|r| r.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["rule"].as_str())
+        .find(|r| r.starts_with("!(self in ["))
+        .expect("a rule refusing reserved names");
+    let listed: Vec<&str> = rule
+        .trim_start_matches("!(self in [")
+        .trim_end_matches("])")
+        .split(", ")
+        .map(|n| n.trim_matches('\''))
+        .collect();
+    assert_eq!(listed, toolyard_api::mcptool::RESERVED_TOOL_NAMES);
+}

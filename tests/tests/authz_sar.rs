@@ -295,3 +295,54 @@ async fn upstream_tools_are_granted_by_server_or_by_server_and_tool() {
     assert!(!read("bob").await, "a grant of one tool is not one of the server's resources");
     assert!(!read("carol").await);
 }
+
+/// A listing's batch decides as one-by-one questions do, with one broad review per namespace
+/// (and per kind: McpTools, McpServers) and named reviews only where the broad one denies.
+#[tokio::test]
+async fn a_batch_decides_like_single_questions_with_one_broad_review_per_namespace() {
+    let env = TestEnv::get();
+    let wide = env.namespace("authz-batch-wide").await.expect("namespace");
+    let named = env.namespace("authz-batch-named").await.expect("namespace");
+    let none = env.namespace("authz-batch-none").await.expect("namespace");
+    rbac::namespace_grant(&wide, "all", GROUP, "mcptools", &["call"], &[], vec![subject("User", "dora")]).await;
+    rbac::namespace_grant(&named, "two", GROUP, "mcptools", &["call"], &["t1", "t3"], vec![subject("User", "dora")])
+        .await;
+    rbac::namespace_grant(&named, "md", GROUP, "mcpservers", &["call"], &["md"], vec![subject("User", "dora")]).await;
+    rbac::wait_for(call_all("dora", &[], &wide), true).await;
+    rbac::wait_for(call("dora", &[], &named, "t3"), true).await;
+    rbac::wait_for(Ask::new("dora", &[], &named, GROUP, "mcpservers", "call").named("md"), true).await;
+
+    let mut tools = Vec::new();
+    for ns in [&wide, &named, &none] {
+        for object in ["t0", "t1", "t2", "t3"] {
+            tools.push(tool(ns, object));
+        }
+    }
+    tools.push(upstream_tool(&named, "md", "get_quote"));
+    tools.push(upstream_tool(&named, "research", "search"));
+    let expected = [
+        true, true, true, true, // every tool of `wide`
+        false, true, false, true, // t1 and t3 of `named`
+        false, false, false, false, // nothing in `none`
+        true, false, // the md server's tool, not research's
+    ];
+    let dora = kube_user("dora", &[]);
+    let refs: Vec<&Tool> = tools.iter().collect();
+
+    let batch = authorizer().await;
+    let decided = batch.can_call_each(&dora, &refs).await.expect("decisions");
+    assert_eq!(decided, expected);
+    // Broad: 3 namespaces for McpTools, 1 for McpServers. Named: the 8 tools of `named` and
+    // `none`, the md server (which allows), the research server and research/search.
+    let reviews = batch.reviews_sent();
+    assert_eq!(reviews, 4 + 8 + 2 + 1, "one broad review per namespace and kind");
+
+    let single = authorizer().await;
+    for (tool, expected) in tools.iter().zip(expected) {
+        assert_eq!(single.can_call(&dora, tool).await.expect("decision"), expected, "{}", tool.object_name);
+    }
+    assert_eq!(single.reviews_sent(), reviews, "the same questions, asked one by one");
+    let before = batch.reviews_sent();
+    assert_eq!(batch.can_call_each(&dora, &refs).await.expect("decisions"), expected);
+    assert_eq!(batch.reviews_sent(), before, "cached");
+}

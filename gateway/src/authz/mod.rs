@@ -27,6 +27,15 @@ pub use subject::SubjectMapping;
 pub trait Authorizer: Send + Sync + 'static {
     /// May `who` list and call `tool`?
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool>;
+    /// [`Authorizer::can_call`] for each of `tools`, in order. Listings ask this way, so that
+    /// an authorizer can share the work of one caller's decisions (by default: one by one).
+    async fn can_call_each(&self, who: &Identity, tools: &[&Tool]) -> crate::Result<Vec<bool>> {
+        let mut allowed = Vec::with_capacity(tools.len());
+        for tool in tools {
+            allowed.push(self.can_call(who, tool).await?);
+        }
+        Ok(allowed)
+    }
     /// May `who` list and get `prompt` (of an upstream server; decided like its tools)?
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool>;
     /// May `who` list and read `resource` (of an upstream server: whoever may use the whole

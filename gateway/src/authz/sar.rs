@@ -25,8 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::api::{Api, PostParams};
 
@@ -84,7 +84,7 @@ impl Default for SarSettings {
 /// One question: may `subject` do `verb` on `resource` (`name`) in `namespace`?
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Question {
-    subject: Subject,
+    subject: Arc<Subject>,
     verb: &'static str,
     resource: &'static str,
     namespace: String,
@@ -169,12 +169,11 @@ impl SarAuthorizer {
     /// first allow decides; a failed review ends the questions as a deny.
     async fn first_allow(
         &self,
-        who: &Identity,
+        subject: &Arc<Subject>,
         resource: &'static str,
         namespace: &str,
         names: Vec<Option<String>>,
     ) -> Answer {
-        let subject = self.inner.settings.subjects.subject(who);
         let mut answer = Some(false);
         for name in names {
             let question =
@@ -185,6 +184,10 @@ impl SarAuthorizer {
             }
         }
         answer
+    }
+
+    fn subject(&self, who: &Identity) -> Arc<Subject> {
+        Arc::new(self.inner.settings.subjects.subject(who))
     }
 
     fn record(&self, action: &'static str, answer: Answer) -> bool {
@@ -246,6 +249,23 @@ impl Inner {
     }
 }
 
+/// Narrower questions of a batch ([`Authorizer::can_call_each`]) asked at once.
+const NARROW_CONCURRENCY: usize = 16;
+
+/// The resource a tool is granted on and the names that grant it, broadest first: a
+/// function's McpTool (all of the namespace's, or this one), or an upstream server's tool.
+fn grants_of(tool: &Tool) -> (&'static str, Vec<Option<String>>) {
+    match &tool.upstream {
+        None => (TOOLS_RESOURCE, vec![None, Some(tool.object_name.clone())]),
+        Some(upstream) => (SERVERS_RESOURCE, server_names(&tool.object_name, &upstream.tool)),
+    }
+}
+
+/// The resource a tool is granted on (see [`grants_of`]).
+fn resource_of(tool: &Tool) -> &'static str {
+    if tool.upstream.is_some() { SERVERS_RESOURCE } else { TOOLS_RESOURCE }
+}
+
 /// What an upstream server's tool or prompt `item` is granted by: all McpServers of the
 /// namespace, the server, or the server's `item` alone.
 fn server_names(server: &str, item: &str) -> Vec<Option<String>> {
@@ -255,30 +275,71 @@ fn server_names(server: &str, item: &str) -> Vec<Option<String>> {
 #[async_trait]
 impl Authorizer for SarAuthorizer {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool> {
-        let names = match &tool.upstream {
-            None => vec![None, Some(tool.object_name.clone())],
-            Some(upstream) => server_names(&tool.object_name, &upstream.tool),
-        };
-        let resource = if tool.upstream.is_some() { SERVERS_RESOURCE } else { TOOLS_RESOURCE };
-        let answer = self.first_allow(who, resource, &tool.namespace, names).await;
+        let (resource, names) = grants_of(tool);
+        let answer = self.first_allow(&self.subject(who), resource, &tool.namespace, names).await;
         Ok(self.record("call", answer))
+    }
+
+    /// One subject for the batch; the broadest question of each namespace (all its tools, or
+    /// all its servers) asked once, and the narrower ones only for the tools it does not allow,
+    /// [`NARROW_CONCURRENCY`] at a time.
+    async fn can_call_each(&self, who: &Identity, tools: &[&Tool]) -> crate::Result<Vec<bool>> {
+        let subject = self.subject(who);
+        let mut keys: Vec<(&'static str, String)> =
+            tools.iter().map(|t| (resource_of(t), t.namespace.clone())).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        // Futures built in a loop, not in a closure over borrowed tools: `async_trait`'s `Send`
+        // bound cannot be proven for such closures.
+        let mut broad_questions = Vec::with_capacity(keys.len());
+        for (resource, namespace) in keys {
+            let question = Question { subject: subject.clone(), verb: CALL_VERB, resource, namespace, name: None };
+            broad_questions.push(async move {
+                let answer = self.ask(&question).await;
+                ((question.resource, question.namespace), answer)
+            });
+        }
+        let mut broad: Vec<((&'static str, String), Answer)> =
+            futures::stream::iter(broad_questions).buffer_unordered(NARROW_CONCURRENCY).collect().await;
+        broad.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut narrow_questions = Vec::with_capacity(tools.len());
+        for tool in tools {
+            let resource = resource_of(tool);
+            let decided: Answer = broad
+                .binary_search_by(|((r, ns), _)| (*r, ns.as_str()).cmp(&(resource, tool.namespace.as_str())))
+                .ok()
+                .and_then(|i| broad[i].1);
+            let subject = &subject;
+            narrow_questions.push(async move {
+                // As in `first_allow`: an allow decides, a failed review denies, and after a
+                // deny the narrower grants are asked.
+                if decided != Some(false) {
+                    return decided;
+                }
+                let (_, mut names) = grants_of(tool);
+                names.retain(Option::is_some);
+                self.first_allow(subject, resource, &tool.namespace, names).await
+            });
+        }
+        let answers: Vec<Answer> = futures::stream::iter(narrow_questions).buffered(NARROW_CONCURRENCY).collect().await;
+        Ok(answers.into_iter().map(|answer| self.record("call", answer)).collect())
     }
 
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool> {
         let names = server_names(&prompt.object_name, &prompt.upstream_name);
-        let answer = self.first_allow(who, SERVERS_RESOURCE, &prompt.namespace, names).await;
+        let answer = self.first_allow(&self.subject(who), SERVERS_RESOURCE, &prompt.namespace, names).await;
         Ok(self.record("prompt", answer))
     }
 
     async fn can_read_resource(&self, who: &Identity, resource: &ServedResource) -> crate::Result<bool> {
         let names = vec![None, Some(resource.object_name.clone())];
-        let answer = self.first_allow(who, SERVERS_RESOURCE, &resource.namespace, names).await;
+        let answer = self.first_allow(&self.subject(who), SERVERS_RESOURCE, &resource.namespace, names).await;
         Ok(self.record("resource", answer))
     }
 
     async fn can_create_task(&self, who: &Identity, namespace: &str) -> crate::Result<bool> {
         let question = Question {
-            subject: self.inner.settings.subjects.subject(who),
+            subject: self.subject(who),
             verb: CREATE_VERB,
             resource: TASKS_RESOURCE,
             namespace: namespace.to_owned(),
@@ -290,7 +351,7 @@ impl Authorizer for SarAuthorizer {
 
     async fn can_use_model(&self, who: &Identity, namespace: &str, profile: &str) -> crate::Result<bool> {
         let question = Question {
-            subject: self.inner.settings.subjects.subject(who),
+            subject: self.subject(who),
             verb: USE_VERB,
             resource: MODEL_PROFILES_RESOURCE,
             namespace: namespace.to_owned(),

@@ -77,16 +77,17 @@ struct StreamState {
 /// The listed tools and a lookup by name.
 #[derive(Default)]
 struct Snapshot {
-    tools: Vec<Arc<Tool>>,
-    by_name: HashMap<String, Arc<Tool>>,
+    tools: Arc<[Arc<Tool>]>,
     /// What identifies the listed set, to bump the version only on real changes.
     fingerprint: Vec<(String, String, i64, Option<String>)>,
 }
 
-/// Compiled validators and already-logged problems, by (uid, generation).
+/// Built tools and already-logged problems, by (uid, generation): a rebuild after one
+/// object changed builds that one alone (a tool's pool endpoint, from its status, may change
+/// within a generation: then it is rebuilt with the same validator).
 #[derive(Default)]
 struct Compiled {
-    validators: HashMap<(String, i64), Arc<jsonschema::Validator>>,
+    tools: HashMap<(String, i64), Arc<Tool>>,
     warned: HashSet<(String, i64)>,
 }
 
@@ -152,6 +153,7 @@ impl Shared {
                     false
                 }
                 Event::InitApply(obj) => {
+                    let obj = trimmed(obj);
                     let key = (obj.namespace().unwrap_or_default(), obj.name_any());
                     stream.relist.get_or_insert_default().insert(key, Arc::new(obj));
                     false
@@ -162,6 +164,7 @@ impl Shared {
                     true
                 }
                 Event::Apply(obj) => {
+                    let obj = trimmed(obj);
                     let key = (obj.namespace().unwrap_or_default(), obj.name_any());
                     stream.objects.insert(key, Arc::new(obj));
                     stream.synced
@@ -196,12 +199,19 @@ impl Shared {
         if snapshot.fingerprint == fingerprint {
             return;
         }
-        snapshot.by_name = tools.iter().map(|t| (t.name().to_owned(), t.clone())).collect();
-        snapshot.tools = tools;
+        snapshot.tools = tools.into();
         snapshot.fingerprint = fingerprint;
         drop(snapshot);
         self.version.send_modify(|v| *v += 1);
     }
+}
+
+/// `obj` without what the catalog never reads and can be large: its managed fields and
+/// `kubectl apply`'s copy of the whole object in an annotation.
+fn trimmed(mut obj: McpTool) -> McpTool {
+    obj.managed_fields_mut().clear();
+    obj.annotations_mut().remove("kubectl.kubernetes.io/last-applied-configuration");
+    obj
 }
 
 /// The Ready tools among `objects`, one per MCP name, sorted by name.
@@ -234,14 +244,24 @@ fn build_tools(objects: &[Arc<McpTool>], compiled: &mut Compiled) -> Vec<Arc<Too
             }
             continue;
         }
-        let validator = match compiled.validators.get(&key) {
-            Some(v) => v.clone(),
+        let endpoint = match obj.spec.execution.mode {
+            ExecutionMode::Pool => obj.status.as_ref().and_then(|s| s.endpoint.clone()),
+            ExecutionMode::Job => None,
+        };
+        let tool = match compiled.tools.get(&key) {
+            Some(built) if built.endpoint == endpoint => built.clone(),
+            Some(built) => {
+                let validator = built.validator.clone();
+                Arc::new(
+                    Tool::with_validator(namespace, name, generation, obj.spec.clone(), validator)
+                        .with_endpoint(endpoint),
+                )
+            }
             None => match compile_schema(&Value::Object(obj.spec.input_schema.clone())) {
-                Ok(v) => {
-                    let v = Arc::new(v);
-                    compiled.validators.insert(key.clone(), v.clone());
-                    v
-                }
+                Ok(validator) => Arc::new(
+                    Tool::with_validator(namespace, name, generation, obj.spec.clone(), Arc::new(validator))
+                        .with_endpoint(endpoint),
+                ),
                 Err(e) => {
                     if compiled.warned.insert(key.clone()) {
                         tracing::warn!(namespace = %namespace, mcptool = %name, error = %e, "McpTool not served");
@@ -250,26 +270,17 @@ fn build_tools(objects: &[Arc<McpTool>], compiled: &mut Compiled) -> Vec<Arc<Too
                 }
             },
         };
-        let endpoint = match obj.spec.execution.mode {
-            ExecutionMode::Pool => obj.status.as_ref().and_then(|s| s.endpoint.clone()),
-            ExecutionMode::Job => None,
-        };
-        let tool =
-            Tool::with_validator(namespace, name, generation, obj.spec.clone(), validator).with_endpoint(endpoint);
-        by_name.insert(tool.spec.name.clone(), Arc::new(tool));
+        compiled.tools.insert(key, tool.clone());
+        by_name.insert(tool.spec.name.clone(), tool);
     }
-    compiled.validators.retain(|k, _| live.contains(k));
+    compiled.tools.retain(|k, _| live.contains(k));
     compiled.warned.retain(|k| live.contains(k));
     by_name.into_values().collect()
 }
 
 impl ToolCatalog for KubeCatalog {
-    fn tools(&self) -> Vec<Arc<Tool>> {
+    fn tools(&self) -> Arc<[Arc<Tool>]> {
         self.shared.snapshot.read().unwrap_or_else(|e| e.into_inner()).tools.clone()
-    }
-
-    fn get(&self, name: &str) -> Option<Arc<Tool>> {
-        self.shared.snapshot.read().unwrap_or_else(|e| e.into_inner()).by_name.get(name).cloned()
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
@@ -327,14 +338,14 @@ mod tests {
     }
 
     #[test]
-    fn duplicate_names_keep_the_oldest_and_validators_are_reused() {
+    fn duplicate_names_keep_the_oldest_and_built_tools_are_reused() {
         let mut c = Compiled::default();
         let objs = [mcptool("b", "p2", "price", "new", 20, true), mcptool("a", "p1", "price", "old", 10, true)];
         let first = build_tools(&objs, &mut c);
         assert_eq!(first.len(), 1);
         assert_eq!(first[0].namespace, "a", "the oldest object wins");
         let again = build_tools(&objs, &mut c);
-        assert!(Arc::ptr_eq(&first[0].validator, &again[0].validator), "compiled once per uid+generation");
+        assert!(Arc::ptr_eq(&first[0], &again[0]), "built once per uid+generation");
     }
 
     #[test]

@@ -129,8 +129,11 @@ impl LocalCatalog {
 }
 
 impl ToolCatalog for LocalCatalog {
-    fn tools(&self) -> Vec<Arc<Tool>> {
-        self.tools.read().unwrap_or_else(|e| e.into_inner()).iter().map(|t| Arc::clone(&t.tool)).collect()
+    fn tools(&self) -> Arc<[Arc<Tool>]> {
+        let mut tools: Vec<Arc<Tool>> =
+            self.tools.read().unwrap_or_else(|e| e.into_inner()).iter().map(|t| Arc::clone(&t.tool)).collect();
+        tools.sort_by(|a, b| a.name().cmp(b.name()));
+        tools.into()
     }
 
     fn changes(&self) -> watch::Receiver<u64> {

@@ -8,7 +8,7 @@
 //! check in [`cel_rule`]; a unit test fails when the schema has a rule without one.
 
 use serde_json::{Map, Value};
-use toolyard_api::mcptool::RESERVED_TOOL_NAMES;
+use toolyard_api::mcptool::{RESERVED_NAME_RULE, RESERVED_TOOL_NAMES};
 
 /// One problem, at a field path like `spec.runtime.env[0].name`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -234,9 +234,7 @@ pub fn cel_rule(rule: &str) -> Option<Rule> {
         "self == '' || self.matches('^[A-Za-z_][A-Za-z0-9_]*$')" => {
             |v| v.as_str().is_some_and(|s| s.is_empty() || is_identifier(s))
         }
-        "!(self in ['run_coding_task', 'get_task_result', 'list_tasks', 'cancel_task', 'list_artifacts', 'read_artifact', 'tool_search'])" => {
-            |v| v.as_str().is_some_and(|s| !RESERVED_TOOL_NAMES.contains(&s))
-        }
+        RESERVED_NAME_RULE => |v| v.as_str().is_some_and(|s| !RESERVED_TOOL_NAMES.contains(&s)),
         "!self.startsWith('TOOLYARD_') && self != 'TRACEPARENT'" => {
             |v| v.as_str().is_some_and(|s| !s.starts_with("TOOLYARD_") && s != "TRACEPARENT")
         }

@@ -21,7 +21,8 @@ pub struct Tool {
     pub object_name: String,
     /// Generation the validator was compiled for.
     pub generation: i64,
-    /// The declared spec.
+    /// The declared spec, but for `inputSchema` and `outputSchema`, which are moved to
+    /// [`Tool::input_schema`] and [`Tool::output_schema`] (one copy of each).
     pub spec: McpToolSpec,
     /// Compiled `inputSchema` (never fetches remote `$ref`s).
     pub validator: Arc<jsonschema::Validator>,
@@ -65,11 +66,11 @@ impl Tool {
         namespace: String,
         object_name: String,
         generation: i64,
-        spec: McpToolSpec,
+        mut spec: McpToolSpec,
         validator: Arc<jsonschema::Validator>,
     ) -> Self {
-        let input_schema = Arc::new(spec.input_schema.clone());
-        let output_schema = spec.output_schema.clone().map(Arc::new);
+        let input_schema = Arc::new(std::mem::take(&mut spec.input_schema));
+        let output_schema = spec.output_schema.take().map(Arc::new);
         Self {
             namespace,
             object_name,
@@ -223,11 +224,13 @@ pub trait CompletionSource: Send + Sync + 'static {
 
 /// Source of tools. Implementations keep a current snapshot and bump a version on change.
 pub trait ToolCatalog: Send + Sync + 'static {
-    /// Every tool that can be listed (Ready), in a stable order.
-    fn tools(&self) -> Vec<Arc<Tool>>;
+    /// Every tool that can be listed (Ready), sorted by name (a snapshot: listings walk it
+    /// from a cursor without copying it).
+    fn tools(&self) -> Arc<[Arc<Tool>]>;
     /// One tool by MCP name.
     fn get(&self, name: &str) -> Option<Arc<Tool>> {
-        self.tools().into_iter().find(|t| t.name() == name)
+        let tools = self.tools();
+        tools.binary_search_by(|t| t.name().cmp(name)).ok().map(|i| tools[i].clone())
     }
     /// A receiver whose value changes whenever the tool set changes (for `list_changed`).
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;

@@ -380,6 +380,15 @@ fn spec(b: Builtin) -> (&'static str, &'static str, Value, Value, bool) {
 mod tests {
     use super::*;
 
+    /// The catalog leaves out functions named like a built-in, and listings merge the two
+    /// sorted: both rely on the reserved names being exactly the built-ins', sorted like them.
+    #[test]
+    fn the_reserved_tool_names_are_the_builtins_names_sorted() {
+        let names: Vec<&str> = Builtin::ALL.iter().map(|b| b.name()).collect();
+        assert_eq!(names, toolyard_api::mcptool::RESERVED_TOOL_NAMES);
+        assert!(names.is_sorted());
+    }
+
     #[test]
     fn every_builtin_has_a_valid_definition_and_checks_its_arguments() {
         for b in Builtin::ALL {

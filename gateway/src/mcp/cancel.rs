@@ -240,8 +240,8 @@ mod tests {
     struct NoTools(tokio::sync::watch::Sender<u64>);
 
     impl crate::catalog::ToolCatalog for NoTools {
-        fn tools(&self) -> Vec<Arc<crate::catalog::Tool>> {
-            Vec::new()
+        fn tools(&self) -> Arc<[Arc<crate::catalog::Tool>]> {
+            Arc::new([])
         }
         fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
             self.0.subscribe()

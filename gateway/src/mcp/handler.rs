@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
+use itertools::Itertools;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CompleteRequestParams, CompleteResult,
     GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
@@ -24,6 +25,7 @@ use super::builtin::Builtin;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::{Prompt, ResourceError, ServedResource, Tool};
+use crate::core::access::Selection;
 use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
 use crate::executor::CallState;
@@ -193,6 +195,26 @@ impl<'a> RequestInfo<'a> {
     }
 }
 
+/// What `tools/list` on `scope` may show after the cursor `after`: the catalog's tools of
+/// `selection` merged with `builtins`, sorted by name (both are, and the catalog holds no
+/// built-in's name), walked only as far as the page needs.
+fn list_candidates<'a>(
+    catalog: &'a [Arc<Tool>],
+    scope: &Scope,
+    selection: &'a Selection,
+    builtins: Vec<Builtin>,
+    after: Option<&'a str>,
+) -> impl Iterator<Item = Entry> + Send + 'a {
+    let start = match (scope, after) {
+        (Scope::Search, _) => catalog.len(),
+        (_, Some(after)) => catalog.partition_point(|t| t.name() <= after),
+        (_, None) => 0,
+    };
+    let functions = selection.of(&catalog[start..]).map(Entry::Catalog);
+    let builtins = builtins.into_iter().filter(move |b| after.is_none_or(|a| b.name() > a)).map(Entry::Builtin);
+    functions.merge_by(builtins, |a, b| a.name() <= b.name())
+}
+
 /// The built-in a `tools/call` of `name` on `scope` names, if any (built-ins live on `/mcp`
 /// only; on a toolset endpoint the name is looked up in the catalog like any other).
 pub(super) fn builtin_of(scope: &Scope, name: &str) -> Option<Builtin> {
@@ -254,10 +276,13 @@ impl McpHandler {
 
     /// Whether `who` may call at least one registered tool on `/mcp` (so has calls to delete).
     async fn may_call_some_tool(&self, who: &Identity) -> Result<bool, ErrorData> {
-        let tools: Vec<_> =
-            self.state.catalog.tools().into_iter().filter(|t| Builtin::from_name(t.name()).is_none()).collect();
-        let (first, _) =
-            self.state.access().visible(who, tools, |t| Some(t), 1).await.map_err(|e| self.platform_error(&e))?;
+        let catalog = self.state.catalog.tools();
+        let (first, _) = self
+            .state
+            .access()
+            .visible(who, catalog.iter(), |t| Some(t.as_ref()), 1)
+            .await
+            .map_err(|e| self.platform_error(&e))?;
         Ok(!first.is_empty())
     }
 
@@ -288,20 +313,11 @@ impl McpHandler {
             Some(c) => Some(cursor::decode_cursor(&c).ok_or_else(errors::invalid_cursor)?),
             None => None,
         };
+        let after = after.as_deref();
         let builtins = self.visible_builtins(who, &scope).await?;
         let selection = scope.selection();
-        let mut candidates: Vec<Entry> = self
-            .state
-            .catalog
-            .tools()
-            .into_iter()
-            .filter(|t| scope != Scope::Search && selection.contains(t))
-            .filter(|t| scope != Scope::All || Builtin::from_name(t.name()).is_none())
-            .map(Entry::Catalog)
-            .chain(builtins.into_iter().map(Entry::Builtin))
-            .filter(|e| after.as_deref().is_none_or(|a| e.name() > a))
-            .collect();
-        candidates.sort_by(|a, b| a.name().cmp(b.name()));
+        let catalog = self.state.catalog.tools();
+        let candidates = list_candidates(&catalog, &scope, &selection, builtins, after);
         let (page, more) = self
             .state
             .access()
@@ -1113,5 +1129,43 @@ impl ServerHandler for McpHandler {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn tool(name: &str) -> Arc<Tool> {
+        let spec = serde_json::from_value(json!({
+            "name": name, "description": "d", "inputSchema": {"type": "object"},
+            "runtime": {"image": "i", "command": ["x"]},
+        }))
+        .unwrap();
+        Arc::new(Tool::new(String::new(), name.replace('_', "-"), 1, spec).unwrap())
+    }
+
+    fn names(entries: impl Iterator<Item = Entry>) -> Vec<String> {
+        entries.map(|e| e.name().to_owned()).collect()
+    }
+
+    #[test]
+    fn listings_merge_the_catalog_and_the_builtins_by_name_from_the_cursor() {
+        let catalog = [tool("a_tool"), tool("delete_old"), tool("zeta")];
+        let builtins = || vec![Builtin::CancelCall, Builtin::ListTasks, Builtin::StartCall];
+        let all = Selection::all();
+        let listed = |scope: &Scope, after| names(list_candidates(&catalog, scope, &all, builtins(), after));
+        assert_eq!(
+            listed(&Scope::All, None),
+            ["a_tool", "cancel_call", "delete_old", "list_tasks", "start_call", "zeta"]
+        );
+        assert_eq!(listed(&Scope::All, Some("cancel_call")), ["delete_old", "list_tasks", "start_call", "zeta"]);
+        assert_eq!(listed(&Scope::All, Some("delete_o")), ["delete_old", "list_tasks", "start_call", "zeta"]);
+        assert_eq!(listed(&Scope::All, Some("zeta")), Vec::<String>::new());
+        assert_eq!(listed(&Scope::Search, None), ["cancel_call", "list_tasks", "start_call"]);
+        let toolset = Selection::toolset("none");
+        assert_eq!(names(list_candidates(&catalog, &Scope::All, &toolset, Vec::new(), None)), Vec::<String>::new());
     }
 }

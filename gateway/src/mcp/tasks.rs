@@ -24,7 +24,7 @@ use toolyard_api::codingtask::{Budgets, ToolSelection};
 use toolyard_api::storage::{self, RunId};
 use tracing::Instrument;
 
-use super::builtin::{Builtin, MAX_CHUNK};
+use super::builtin::MAX_CHUNK;
 use super::errors;
 use crate::core::Selection;
 use crate::executor::Forgotten;
@@ -577,7 +577,7 @@ impl TaskTools<'_> {
     /// ([`crate::core::search`]).
     pub async fn tool_search(&self, args: &Map<String, Value>) -> Result<CallToolResult, ErrorData> {
         let limit = u64_arg(args, "limit").map_or(10, |l| usize::try_from(l).unwrap_or(50)).clamp(1, 50);
-        let tools = self.state.catalog.tools().into_iter().filter(|t| Builtin::from_name(t.name()).is_none()).collect();
+        let tools = self.state.catalog.tools().to_vec();
         let candidates = crate::core::search::rank(string_arg(args, "query"), tools);
         let (found, _) = self
             .state

@@ -11,7 +11,7 @@ pub fn info(tool: &Tool) -> ToolInfo {
     ToolInfo {
         name: tool.name().to_owned(),
         description: tool.spec.description.clone(),
-        input_schema: Value::Object(tool.spec.input_schema.clone()),
-        output_schema: tool.spec.output_schema.clone().map(Value::Object),
+        input_schema: Value::Object(tool.input_schema.as_ref().clone()),
+        output_schema: tool.output_schema.as_deref().cloned().map(Value::Object),
     }
 }

@@ -42,9 +42,6 @@ use crate::executor::pool::CallRecords;
 /// Longest tool name served (MCP allows 128 characters).
 pub const MAX_TOOL_NAME: usize = 128;
 
-/// Names the gateway's own tools take besides [`RESERVED_TOOL_NAMES`].
-const MORE_BUILTINS: &[&str] = &["start_call", "get_call_result", "cancel_call", "delete_call", "call_tool"];
-
 /// One McpServer as the gateway should connect to it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ServerConfig {
@@ -242,7 +239,8 @@ struct Inner {
     dialer: Arc<dyn Dialer>,
     records: Option<Arc<CallRecords>>,
     servers: Mutex<BTreeMap<Key, Server>>,
-    tools: RwLock<Arc<Vec<Arc<Tool>>>>,
+    /// The served tools, sorted by name.
+    tools: RwLock<Arc<[Arc<Tool>]>>,
     prompts: RwLock<Arc<Vec<Arc<Prompt>>>>,
     resources: RwLock<Arc<Vec<Arc<ServedResource>>>>,
     version: watch::Sender<u64>,
@@ -410,13 +408,15 @@ impl Upstreams {
     }
 
     /// Recomputes the catalog: the functions, then each connected server's tools under their
-    /// served names, leaving out names already taken.
+    /// served names, leaving out names already taken. Names of the gateway's built-in tools
+    /// are taken from the start: the McpTool schema refuses them, but an object stored before
+    /// a name was reserved may still carry one.
     fn rebuild(&self) {
         let servers = self.inner.servers.lock().unwrap_or_else(|e| e.into_inner());
-        let functions = self.inner.functions.tools();
-        let mut taken: BTreeSet<String> = functions.iter().map(|t| t.name().to_owned()).collect();
-        taken.extend(RESERVED_TOOL_NAMES.iter().chain(MORE_BUILTINS).map(|n| (*n).to_owned()));
-        let mut tools = functions;
+        let mut tools: Vec<Arc<Tool>> =
+            self.inner.functions.tools().iter().filter(|t| !RESERVED_TOOL_NAMES.contains(&t.name())).cloned().collect();
+        let mut taken: BTreeSet<String> = tools.iter().map(|t| t.name().to_owned()).collect();
+        taken.extend(RESERVED_TOOL_NAMES.iter().map(|n| (*n).to_owned()));
         let mut prompts: Vec<Arc<Prompt>> = Vec::new();
         let mut prompt_names: BTreeSet<String> = BTreeSet::new();
         let mut resources: Vec<Arc<ServedResource>> = Vec::new();
@@ -493,7 +493,8 @@ impl Upstreams {
         // last one published saw the latest listings (two servers connecting at once each
         // rebuild; had the one that saw only the first published last, the second's tools
         // would be missing while its status said they were served).
-        *self.inner.tools.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tools);
+        tools.sort_by(|a, b| a.name().cmp(b.name()));
+        *self.inner.tools.write().unwrap_or_else(|e| e.into_inner()) = tools.into();
         prompts.sort_by(|a, b| a.name.cmp(&b.name));
         *self.inner.prompts.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(prompts);
         *self.inner.resources.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(resources);
@@ -503,12 +504,8 @@ impl Upstreams {
 }
 
 impl ToolCatalog for Upstreams {
-    fn tools(&self) -> Vec<Arc<Tool>> {
-        self.inner.tools.read().unwrap_or_else(|e| e.into_inner()).as_ref().clone()
-    }
-
-    fn get(&self, name: &str) -> Option<Arc<Tool>> {
-        self.inner.tools.read().unwrap_or_else(|e| e.into_inner()).iter().find(|t| t.name() == name).cloned()
+    fn tools(&self) -> Arc<[Arc<Tool>]> {
+        self.inner.tools.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
