@@ -21,8 +21,7 @@ pub struct Tool {
     pub object_name: String,
     /// Generation the validator was compiled for.
     pub generation: i64,
-    /// The declared spec, but for `inputSchema` and `outputSchema`, which are moved to
-    /// [`Tool::input_schema`] and [`Tool::output_schema`] (one copy of each).
+    /// The declared spec.
     pub spec: McpToolSpec,
     /// Compiled `inputSchema` (never fetches remote `$ref`s).
     pub validator: Arc<jsonschema::Validator>,
@@ -66,11 +65,11 @@ impl Tool {
         namespace: String,
         object_name: String,
         generation: i64,
-        mut spec: McpToolSpec,
+        spec: McpToolSpec,
         validator: Arc<jsonschema::Validator>,
     ) -> Self {
-        let input_schema = Arc::new(std::mem::take(&mut spec.input_schema));
-        let output_schema = spec.output_schema.take().map(Arc::new);
+        let input_schema = Arc::new(spec.input_schema.clone());
+        let output_schema = spec.output_schema.clone().map(Arc::new);
         Self {
             namespace,
             object_name,
