@@ -227,31 +227,31 @@ async fn run_cell(
     .expect("cell")
 }
 
-/// Walks every page of `tools/list`: the catalog tools seen, the pages, the time.
-async fn walk_pages(endpoint: &loadgen::Endpoint) -> (usize, usize, Duration) {
+/// Walks every page of `tools/list`: the catalog tools seen, the pages, the time, and the
+/// entries of the first page (built-ins included).
+async fn walk_pages(endpoint: &loadgen::Endpoint) -> (usize, usize, Duration, usize) {
     let endpoint = endpoint.clone();
     tokio::task::spawn_blocking(move || {
         let mut connection = loadgen::Connection::new(endpoint);
-        let (mut tools, mut pages, mut cursor) = (0, 0, None::<String>);
+        let (mut tools, mut pages, mut cursor, mut first_page) = (0, 0, None::<String>, 0);
         let started = Instant::now();
         loop {
             let answer = connection.post(&list_body(pages as u64, cursor.as_deref())).expect("tools/list");
             let reply: Value = serde_json::from_str(answer.json_text().expect("JSON")).expect("JSON");
             let result = &reply["result"];
             assert!(result.is_object(), "{reply}");
-            tools += result["tools"]
-                .as_array()
-                .expect("tools")
-                .iter()
-                .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("tool_")))
-                .count();
+            let listed = result["tools"].as_array().expect("tools");
+            if pages == 0 {
+                first_page = listed.len();
+            }
+            tools += listed.iter().filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("tool_"))).count();
             pages += 1;
             match result["nextCursor"].as_str() {
                 Some(next) => cursor = Some(next.to_owned()),
                 None => break,
             }
         }
-        (tools, pages, started.elapsed())
+        (tools, pages, started.elapsed(), first_page)
     })
     .await
     .expect("walk")
@@ -272,6 +272,7 @@ struct Size {
     first_walk: Duration,
     first_pages: usize,
     first_tools: usize,
+    first_page: usize,
     first_reviews: u64,
     list1: Cell,
     list8: Cell,
@@ -293,7 +294,7 @@ async fn measure(env: &TestEnv, size: usize, seconds: f64) -> Size {
     let endpoint = loadgen::Endpoint::mcp(&format!("http://{addr}/mcp"), Some(env.token(User::Alice)));
 
     let before = reviews_sent(&addr).await;
-    let (first_tools, first_pages, first_walk) = walk_pages(&endpoint).await;
+    let (first_tools, first_pages, first_walk, first_page) = walk_pages(&endpoint).await;
     let first_reviews = reviews_sent(&addr).await - before;
     assert_eq!(first_tools, size / 10, "alice sees a tenth of the tools");
 
@@ -329,6 +330,7 @@ async fn measure(env: &TestEnv, size: usize, seconds: f64) -> Size {
         first_walk,
         first_pages,
         first_tools,
+        first_page,
         first_reviews,
         list1,
         list8,
@@ -409,16 +411,20 @@ async fn run_benchmark() {
     println!("Ratios against {} tools (the same run), and against the Python SDK server at the same size:", base.size);
     println!();
     println!(
-        "| tools | list page CPU / at {0} (8 clients) | list page p50 / at {0} | call CPU / at {0} | first-walk SARs per \
-         tool | Python list CPU / gateway list-page CPU | Python call CPU / gateway call CPU |",
+        "| tools | entries on page 1 | list page CPU / at {0} (8 clients) | CPU per listed entry / at {0} | list page \
+         p50 / at {0} | call CPU / at {0} | first-walk SARs per tool | Python list CPU / gateway list-page CPU | Python \
+         call CPU / gateway call CPU |",
         base.size
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let per_entry = |r: &Size| r.list8.cpu_ms / r.first_page as f64;
     for r in &results {
         println!(
-            "| {} | {:.2}x | {:.2}x | {:.2}x | {:.2} | {:.1}x | {:.1}x |",
+            "| {} | {} | {:.2}x | {:.2}x | {:.2}x | {:.2}x | {:.2} | {:.1}x | {:.1}x |",
             r.size,
+            r.first_page,
             r.list8.cpu_ms / base.list8.cpu_ms,
+            per_entry(r) / per_entry(base),
             r.list8.p50_ms / base.list8.p50_ms,
             r.call8.cpu_ms / base.call8.cpu_ms,
             r.first_reviews as f64 / r.size as f64,
