@@ -43,7 +43,7 @@ fn valid_fixtures_load_except_secrets_which_local_mode_cannot_read() {
 fn the_example_and_fixture_folders_load() {
     let pricing = LocalCatalog::load(&repo_path("examples/pricing")).unwrap();
     let names: Vec<String> = pricing.tools().iter().map(|t| t.name().to_owned()).collect();
-    assert_eq!(names, ["price_option", "calc_greeks", "get_quote", "get_quote_fresh"]);
+    assert_eq!(names, ["calc_greeks", "get_quote", "get_quote_fresh", "price_option"], "sorted by name");
     let misbehaving = LocalCatalog::load(&repo_path("tests/fixtures/misbehaving")).unwrap();
     assert!(misbehaving.get("hang").is_some_and(|t| t.spec.execution.timeout_seconds == 2));
     let empty = TempDir::new("local-catalog-empty");
