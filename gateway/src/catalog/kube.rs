@@ -74,7 +74,7 @@ struct StreamState {
     synced: bool,
 }
 
-/// The listed tools and a lookup by name.
+/// The listed tools, sorted by name (lookups binary-search them).
 #[derive(Default)]
 struct Snapshot {
     tools: Arc<[Arc<Tool>]>,
