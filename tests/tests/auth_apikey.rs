@@ -50,7 +50,7 @@ fn key_doc(entries: &[(&str, &[&str], &str)]) -> String {
 
 #[tokio::test]
 async fn a_hashed_key_file_authenticates_its_users_and_nothing_else() {
-    let dir = auth_support::temp_dir("toolyard-apikeys");
+    let dir = auth_support::temp_dir("apikeys");
     let (alice_key, alice_hash) = generate_api_key();
     let (bob_key, bob_hash) = generate_api_key();
     let path = dir.join("keys.yaml");
@@ -79,7 +79,7 @@ async fn a_hashed_key_file_authenticates_its_users_and_nothing_else() {
 
 #[tokio::test]
 async fn a_json_key_file_works_too_and_bad_files_name_file_and_field() {
-    let dir = auth_support::temp_dir("toolyard-apikeys");
+    let dir = auth_support::temp_dir("apikeys");
     let (key, hash) = generate_api_key();
     let json_path = dir.join("keys.json");
     std::fs::write(&json_path, format!(r#"{{"keys": [{{"user": "carol", "groups": ["ops"], "sha256": "{hash}"}}]}}"#))
@@ -103,7 +103,7 @@ async fn a_json_key_file_works_too_and_bad_files_name_file_and_field() {
 
 #[tokio::test]
 async fn a_changed_key_file_is_picked_up_by_the_reload_task() {
-    let dir = auth_support::temp_dir("toolyard-apikeys");
+    let dir = auth_support::temp_dir("apikeys");
     let path = dir.join("keys.yaml");
     let (old_key, old_hash) = generate_api_key();
     let (new_key, new_hash) = generate_api_key();
@@ -130,7 +130,7 @@ async fn a_changed_key_file_is_picked_up_by_the_reload_task() {
 
 #[tokio::test]
 async fn an_empty_key_file_on_reload_keeps_the_keys_and_an_empty_list_revokes_them() {
-    let dir = auth_support::temp_dir("toolyard-apikeys");
+    let dir = auth_support::temp_dir("apikeys");
     let path = dir.join("keys.yaml");
     let (key, hash) = generate_api_key();
     std::fs::write(&path, key_doc(&[("alice", &[], &hash)])).expect("write");

@@ -48,7 +48,7 @@ async fn gateway(public_url: Option<&str>, extra: &[&str]) -> Gateway {
     let idp = Idp::start().await;
     let key = SigningKey::ec("k1");
     idp.set_keys(&[&key]);
-    let dir = auth_support::temp_dir("toolyard-mw");
+    let dir = auth_support::temp_dir("mw");
     let (alice_key, alice_hash) = toolyard_gateway::auth::apikey::generate_api_key();
     let keys = dir.join("keys.yaml");
     std::fs::write(&keys, format!("keys:\n  - user: alice\n    sha256: {alice_hash}\n")).expect("write");

@@ -5,7 +5,7 @@
 
 mod auth_support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use auth_support::{openssl, temp_dir};
@@ -19,12 +19,12 @@ use toolyard_tests::wait_until;
 
 /// A CA and leaf certificates for 127.0.0.1 signed by it.
 struct Pki {
-    dir: PathBuf,
+    dir: toolyard_tests::local::TempDir,
 }
 
 impl Pki {
     fn new() -> Self {
-        let dir = temp_dir("toolyard-tls");
+        let dir = temp_dir("tls");
         openssl(
             &dir,
             &[
@@ -137,7 +137,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_not() {
     let pki = Pki::new();
     let first = pki.leaf("first");
     let second = pki.leaf("second");
-    let serving = temp_dir("toolyard-tls-serving");
+    let serving = temp_dir("tls-serving");
     pki.install(&serving, "first", "first");
     let files = TlsFiles { cert: serving.join("tls.crt"), key: serving.join("tls.key") };
 
@@ -204,7 +204,7 @@ async fn a_rotated_certificate_is_served_and_a_broken_one_is_not() {
 async fn a_pair_that_does_not_load_at_start_is_an_error_naming_the_file() {
     let pki = Pki::new();
     pki.leaf("only");
-    let serving = temp_dir("toolyard-tls-serving");
+    let serving = temp_dir("tls-serving");
     std::fs::write(serving.join("tls.crt"), "-----BEGIN NOTHING-----\n").expect("write");
     std::fs::copy(pki.dir.join("only.key"), serving.join("tls.key")).expect("key");
     let files = TlsFiles { cert: serving.join("tls.crt"), key: serving.join("tls.key") };

@@ -57,7 +57,7 @@ rules:
 
 #[tokio::test]
 async fn the_policy_file_grants_exactly_what_it_lists() {
-    let dir = auth_support::temp_dir("toolyard-policy");
+    let dir = auth_support::temp_dir("policy");
     let path = dir.join("policy.yaml");
     std::fs::write(&path, POLICY).expect("write");
     let path_arg = path.to_string_lossy().into_owned();
@@ -95,7 +95,7 @@ async fn the_policy_file_grants_exactly_what_it_lists() {
 
 #[tokio::test]
 async fn an_empty_policy_denies_everything() {
-    let dir = auth_support::temp_dir("toolyard-policy");
+    let dir = auth_support::temp_dir("policy");
     for (i, text) in ["", "rules: []\n", "# nothing yet\n"].into_iter().enumerate() {
         let path = dir.join(format!("empty-{i}.yaml"));
         std::fs::write(&path, text).expect("write");
@@ -110,7 +110,7 @@ async fn an_empty_policy_denies_everything() {
 
 #[tokio::test]
 async fn malformed_policies_are_refused_with_file_and_field() {
-    let dir = auth_support::temp_dir("toolyard-policy");
+    let dir = auth_support::temp_dir("policy");
     let cases = [
         ("unknown-field.yaml", "rules:\n  - users: [alice]\n    tool: ['*']\n", "unknown field `tool`"),
         ("no-subject.yaml", "rules:\n  - tools: ['*']\n", "rules[0]: set users and/or groups"),

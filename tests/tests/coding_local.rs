@@ -26,6 +26,8 @@ struct LocalGateway {
     child: tokio::process::Child,
     url: String,
     log: PathBuf,
+    /// The folder the log is in, removed with the gateway.
+    _log_dir: TempDir,
 }
 
 /// Model settings given to the gateway's environment.
@@ -37,7 +39,8 @@ enum ModelEnv<'a> {
 
 impl LocalGateway {
     async fn start(tools: &Path, data: &Path, model: ModelEnv<'_>, extra: &[&str]) -> Self {
-        let log = data.with_extension(format!("{}.log", toolyard_tests::random_suffix(6)));
+        let log_dir = TempDir::new("coding-local-log");
+        let log = log_dir.join("gateway.log");
         let mut command = tokio::process::Command::new(local::binary("toolyard-gateway"));
         command
             .arg("local")
@@ -84,7 +87,7 @@ impl LocalGateway {
             url = line.trim().strip_prefix("MCP URL:").map(|u| u.trim().to_owned());
         }
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self { child, url: url.expect("url"), log }
+        Self { child, url: url.expect("url"), log, _log_dir: log_dir }
     }
 
     async fn client(&self) -> Client {
@@ -95,12 +98,13 @@ impl LocalGateway {
         eprintln!("----- gateway log -----\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
     }
 
-    /// SIGTERM, as a user stopping it, and wait.
-    async fn stop(mut self) {
+    /// SIGTERM, as a user stopping it, and wait; returns its log (whose folder goes with it).
+    async fn stop(mut self) -> String {
         if let Some(pid) = self.child.id() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM);
         }
         let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -634,6 +638,15 @@ async fn a_gateway_restart_ends_a_running_local_task_and_keeps_every_result_read
     wait_for_requests(&model, 2, Duration::from_secs(60)).await.expect("the second task asks the model");
     let running = ok(&call(&client, "list_tasks", json!({"status": "running"})).await);
     let task = running["tasks"][0]["task_id"].as_str().expect("running").to_owned();
+    // The agent's temporary files are in a folder of its own under the data folder, which
+    // the gateway removes even when it has to kill the agent.
+    let own_tmp = data.path().join("scratch").join(&task);
+    let agent_folders = || -> Vec<String> {
+        std::fs::read_dir(&own_tmp)
+            .map(|d| d.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    };
+    assert!(agent_folders().iter().any(|f| f.starts_with(&format!("toolyard-agent-{task}-"))), "{own_tmp:?}");
     gateway.stop().await;
     let answered = waiting.await.expect("join");
     assert!(answered.contains("the gateway is restarting"), "a waiting client is told the task goes on: {answered}");
@@ -652,6 +665,7 @@ async fn a_gateway_restart_ends_a_running_local_task_and_keeps_every_result_read
     assert_eq!(before, finished, "a result from before the restart is still readable");
     let files = ok(&call(&client, "list_artifacts", json!({"task_id": task})).await);
     assert!(files["files"].as_array().expect("files").iter().any(|f| f["path"] == "events/000001.jsonl"), "{files}");
+    assert!(!own_tmp.exists(), "the killed agent's temporary folder is gone: {:?}", agent_folders());
     gateway.stop().await;
 }
 
@@ -882,9 +896,7 @@ async fn the_interpreter_is_fresh_per_task_reaches_tools_only_through_stubs_and_
     assert!(page["next_cursor"].is_null(), "{page}");
 
     // The model's API key is in no log and no stored file.
-    let log = gateway.log.clone();
-    gateway.stop().await;
-    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let log = gateway.stop().await;
     assert!(!log.is_empty() && !log.contains(MODEL_KEY), "the gateway log never shows the key");
     for file in files_under(data.path()) {
         let bytes = std::fs::read(&file).expect("read");

@@ -252,10 +252,19 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     // A fresh master key per start: runner tokens live no longer than this process.
     let key = SigningKey::from_bytes(rand::random());
     let background = CancellationToken::new();
+    // Agents' temporary folders; what a killed gateway left there goes (the lock is ours).
+    let scratch = data_dir.join("scratch");
+    match std::fs::remove_dir_all(&scratch) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            bail!("cannot clear the agents' temporary folders in {}: {e}", scratch.display())
+        }
+        _ => {}
+    }
     let task_settings = LocalTaskSettings {
         runner: runner.clone(),
         internal_url: internal_url.clone(),
         workdir: data_dir.clone(),
+        scratch,
         python: setup::agent_python(args.python.as_deref(), &interpreters),
         python_package: python_package.clone(),
         kill_grace,

@@ -326,7 +326,7 @@ impl Inner {
 }
 
 /// Creates `dir` and its missing parents with mode 0700.
-fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 

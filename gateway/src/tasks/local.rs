@@ -36,6 +36,7 @@ use super::view::{self, task_folder, task_path};
 use super::{NewTask, Phase, TaskBackend, TaskRecord, now_ms};
 use crate::executor::local::{Launch, ProcessTree, read_bounded, runner_command};
 use crate::store::ArtifactStore;
+use crate::store::fs::create_private_dirs;
 use crate::{Error, Result};
 
 /// Time after the deadline before a still-running agent is stopped by the gateway (the agent
@@ -55,6 +56,9 @@ pub struct LocalTaskSettings {
     pub internal_url: String,
     /// Working directory of agent processes.
     pub workdir: PathBuf,
+    /// Where each agent gets a folder of its own as its `TMPDIR` (`<scratch>/<task id>`), which
+    /// the gateway removes when the agent exits, even when the agent was killed.
+    pub scratch: PathBuf,
     /// The interpreter running the model's code.
     pub python: PathBuf,
     /// The folder holding the `toolyard` Python package (the harness), if not installed.
@@ -224,6 +228,11 @@ impl LocalTasks {
         Ok(())
     }
 
+    /// The agent's own temporary folder.
+    fn scratch_of(&self, id: &RunId) -> PathBuf {
+        self.settings.scratch.join(id.as_str())
+    }
+
     fn spawn_agent(self: &Arc<Self>, record: &TaskRecord, traceparent: Option<&str>) -> Result<tokio::process::Child> {
         let claims = Claims {
             kind: RunKind::Task,
@@ -232,10 +241,14 @@ impl LocalTasks {
             owner: record.owner.clone(),
             exp: record.deadline_ms() / 1000 + 300,
         };
+        let tmp = self.scratch_of(&record.id);
+        create_private_dirs(&tmp)
+            .map_err(|e| Error::Unavailable(format!("cannot create the agent's folder {}: {e}", tmp.display())))?;
         let launch = Launch { argv: Vec::new(), cwd: self.settings.workdir.clone(), env: Vec::new() };
         let mut command = runner_command(&self.settings.runner, &launch);
         command
             .arg("agent")
+            .env("TMPDIR", &tmp)
             .env(env::GATEWAY_URL, &self.settings.internal_url)
             .env(env::TOKEN, self.key.sign(&claims))
             .env(env::RUN_ID, record.id.as_str())
@@ -279,6 +292,12 @@ impl LocalTasks {
         }
         let _ = child.wait().await;
         tree.disarm();
+        let tmp = self.scratch_of(&id);
+        if let Err(e) = tokio::fs::remove_dir_all(&tmp).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(task = %id, folder = %tmp.display(), error = %e, "could not remove the agent's folder");
+        }
         let log = match stderr {
             Some(task) => task.await.unwrap_or_default(),
             None => String::new(),

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,12 +16,11 @@ use base64::Engine;
 use jsonwebtoken::jwk::{Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::{Value, json};
+use toolyard_tests::local::TempDir;
 
-/// A fresh folder under the system temp dir.
-pub fn temp_dir(prefix: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}", toolyard_tests::random_suffix(10)));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A fresh folder under the system temp dir, removed when dropped.
+pub fn temp_dir(prefix: &str) -> TempDir {
+    TempDir::new(prefix)
 }
 
 /// Runs openssl with `args` in `dir`, panicking with its stderr on failure.
@@ -47,7 +46,7 @@ pub struct SigningKey {
 impl SigningKey {
     /// A fresh RSA 2048 key.
     pub fn rsa(kid: &str) -> Self {
-        let dir = temp_dir("toolyard-jwt-key");
+        let dir = temp_dir("jwt-key");
         openssl(&dir, &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", "key.pem"]);
         openssl(&dir, &["rsa", "-in", "key.pem", "-outform", "DER", "-traditional", "-out", "key.der"]);
         openssl(&dir, &["pkey", "-in", "key.pem", "-pubout", "-out", "pub.pem"]);
@@ -57,7 +56,7 @@ impl SigningKey {
 
     /// A fresh P-256 key.
     pub fn ec(kid: &str) -> Self {
-        let dir = temp_dir("toolyard-jwt-key");
+        let dir = temp_dir("jwt-key");
         openssl(&dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "key.pem"]);
         openssl(&dir, &["pkcs8", "-topk8", "-nocrypt", "-in", "key.pem", "-outform", "DER", "-out", "key.der"]);
         openssl(&dir, &["pkey", "-in", "key.pem", "-pubout", "-out", "pub.pem"]);
