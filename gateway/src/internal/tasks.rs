@@ -8,6 +8,7 @@
 //! argument validation, per-user admission limits and metrics as the owner's own calls; each
 //! is a call like any other (a ToolCall on Kubernetes) naming the task as its parent.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use tracing::Instrument;
 
@@ -385,15 +386,16 @@ async fn model_call(
         });
     }
     let since = now_ms() - i64::try_from(USER_BUDGET_WINDOW.as_millis()).unwrap_or(i64::MAX);
-    let owner_used: i64 = api
-        .backend
-        .list(&record.owner.key())
-        .await
-        .map_err(platform)?
-        .iter()
-        .filter(|t| t.created_ms >= since)
-        .map(|t| t.model_tokens)
-        .sum();
+    // The owner's tasks of the window: the newest, up to the first older than it.
+    let mut owner_used: i64 = 0;
+    let visit = &mut |t: TaskRecord| {
+        if t.created_ms < since {
+            return ControlFlow::Break(());
+        }
+        owner_used = owner_used.saturating_add(t.model_tokens);
+        ControlFlow::Continue(())
+    };
+    api.backend.walk(&record.owner.key(), None, visit).await.map_err(platform)?;
     api.models.check_budgets(Usage {
         task_used: record.model_tokens,
         task_budget: record.budgets.max_model_tokens,

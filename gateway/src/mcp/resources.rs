@@ -16,6 +16,7 @@
 //! session to deliver notifications on; the gateway is stateless, so it does not offer it.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -29,6 +30,7 @@ use toolyard_api::storage::{self, RunId, TaskFile};
 use super::cursor;
 use crate::identity::Identity;
 use crate::state::AppState;
+use crate::tasks::Position;
 use crate::tasks::view::{self, task_path};
 
 /// URI scheme and prefix of task resources.
@@ -140,21 +142,38 @@ pub fn not_found(uri: &str) -> ErrorData {
     ErrorData::resource_not_found(format!("no such resource: {shown:?}"), Some(serde_json::json!({"uri": shown})))
 }
 
+/// A position as a cursor's text.
+fn position_key((created_ms, id): &Position) -> String {
+    format!("{created_ms}:{id}")
+}
+
+/// The position a cursor's text names.
+fn parse_position(key: &str) -> Option<Position> {
+    let (ms, id) = key.split_once(':')?;
+    Some((ms.parse().ok()?, RunId::parse(id).ok()?.to_string()))
+}
+
 /// `resources/list`: the caller's task results, newest first.
 pub async fn list(state: &AppState, who: &Identity, after: Option<&str>) -> Result<ListResourcesResult, ErrorData> {
     let Some(backend) = &state.tasks else { return Ok(ListResourcesResult::default()) };
     let after = match after {
-        Some(c) => Some(cursor::decode_cursor(c).ok_or_else(super::errors::invalid_cursor)?),
+        Some(c) => Some(
+            cursor::decode_cursor(c).and_then(|key| parse_position(&key)).ok_or_else(super::errors::invalid_cursor)?,
+        ),
         None => None,
     };
-    let mut records = backend.list(&who.owner_key()).await.map_err(|e| internal(&e))?;
-    records.sort_by(|a, b| (b.created_ms, b.id.as_str()).cmp(&(a.created_ms, a.id.as_str())));
-    let key = |r: &crate::tasks::TaskRecord| format!("{:020}/{}", i64::MAX - r.created_ms, r.id);
-    let remaining: Vec<_> =
-        records.into_iter().filter(|r| after.as_deref().is_none_or(|a| key(r).as_str() > a)).collect();
-    let more = remaining.len() > PAGE;
-    let page: Vec<_> = remaining.into_iter().take(PAGE).collect();
-    let next = if more { page.last().map(|r| cursor::encode_cursor(&key(r))) } else { None };
+    let mut page = Vec::new();
+    let mut more = false;
+    let visit = &mut |record: crate::tasks::TaskRecord| {
+        if page.len() == PAGE {
+            more = true;
+            return ControlFlow::Break(());
+        }
+        page.push(record);
+        ControlFlow::Continue(())
+    };
+    backend.walk(&who.owner_key(), after.as_ref(), visit).await.map_err(|e| internal(&e))?;
+    let next = if more { page.last().map(|r| cursor::encode_cursor(&position_key(&r.position()))) } else { None };
     let mut result = ListResourcesResult::with_all_items(
         page.iter()
             .map(|r| {

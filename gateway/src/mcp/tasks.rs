@@ -7,6 +7,7 @@
 //! client that goes away only stops the waiting, never the task. A client that declared the
 //! tasks extension gets a task handle at once instead and polls `tasks/get`.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use base64::Engine;
@@ -450,26 +451,21 @@ impl TaskTools<'_> {
             },
             None => None,
         };
-        let mut records = backend.list(&self.owner()).await.map_err(|e| internal(self.state, &e))?;
-        records.sort_by(|a, b| (b.created_ms, b.id.as_str()).cmp(&(a.created_ms, a.id.as_str())));
         let mut page = Vec::new();
         let mut more = false;
-        for record in records {
-            if let Some((ms, id)) = &after
-                && (record.created_ms, record.id.as_str()) >= (*ms, id.as_str())
-            {
-                continue;
-            }
+        let visit = &mut |record: TaskRecord| {
             let status = list_status(&record);
             if wanted.is_some_and(|w| w != status) {
-                continue;
+                return ControlFlow::Continue(());
             }
             if page.len() == limit {
                 more = true;
-                break;
+                return ControlFlow::Break(());
             }
             page.push((record, status));
-        }
+            ControlFlow::Continue(())
+        };
+        backend.walk(&self.owner(), after.as_ref(), visit).await.map_err(|e| internal(self.state, &e))?;
         let next_cursor =
             if more { page.last().map(|(r, _)| encode_cursor(r.created_ms, r.id.as_str())) } else { None };
         let tasks: Vec<Value> = page

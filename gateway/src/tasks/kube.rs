@@ -5,12 +5,15 @@
 //! toolyard-gateway`) keeps a cache: reads and lists come from it, with a direct read when
 //! a task is not cached yet (just created, maybe by another replica). Each object carries
 //! the owner key as a label; a task whose `spec.owner` is not the caller is "not found".
+//! The same watch keeps an index of each owner's tasks by creation ([`super::index`]), so
+//! listing a page or counting running tasks costs what the owner has, not the namespace.
 //! Cancelling sets `spec.cancelRequested`; the controller stops the Job and the agent
 //! uploads a `cancelled` result. Results are recorded in the CodingTask's status
 //! (taskType, summary, metrics, artifacts, counters) with field manager `toolyard-gateway`;
 //! the controller owns the conditions.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,7 +31,8 @@ use toolyard_api::conditions::{self, reason, status};
 use toolyard_api::storage::RunId;
 use toolyard_api::{CodingTask, CodingTaskSpec, GATEWAY_MANAGER, OwnerKey};
 
-use super::{NewTask, Phase, TaskBackend, TaskRecord};
+use super::index::OwnerIndex;
+use super::{NewTask, Phase, Position, TaskBackend, TaskRecord};
 use crate::executor::kube::{MANAGED_BY_LABEL, OWNER_LABEL, TRACEPARENT_ANNOTATION};
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
@@ -37,6 +41,8 @@ use crate::{Error, Result};
 const MAX_STATUS_METRICS_BYTES: usize = 4096;
 /// Most artifacts listed in the status.
 const MAX_STATUS_ARTIFACTS: usize = 100;
+/// Positions an owner walk takes from the index at a time.
+const WALK_BATCH: usize = 64;
 /// Field manager of `status.modelTokens`.
 const MODEL_TOKENS_MANAGER: &str = "toolyard-gateway-model";
 
@@ -47,6 +53,8 @@ pub struct KubeTasks {
     client: Client,
     namespace: String,
     cache: Store<CodingTask>,
+    /// The cached tasks by owner, newest first.
+    index: OwnerIndex,
     version: watch::Receiver<u64>,
     api_timeout: Duration,
     store: std::sync::Arc<dyn ArtifactStore>,
@@ -80,6 +88,7 @@ impl KubeTasks {
         let (tx, version) = watch::channel(0u64);
         let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={GATEWAY_MANAGER}"));
         let stream = watcher(api.clone(), config).default_backoff().reflect(writer);
+        let (index, mut index_writer) = OwnerIndex::new();
         tokio::spawn(async move {
             let mut stream = stream.boxed();
             loop {
@@ -88,7 +97,8 @@ impl KubeTasks {
                     event = stream.next() => event,
                 };
                 match event {
-                    Some(Ok(_)) => {
+                    Some(Ok(event)) => {
+                        index_writer.apply(&event);
                         tx.send_modify(|v| *v = v.wrapping_add(1));
                     }
                     Some(Err(e)) => tracing::warn!(error = %e, "CodingTask watch failed; retrying with backoff"),
@@ -101,6 +111,7 @@ impl KubeTasks {
             client,
             namespace: namespace.to_owned(),
             cache,
+            index,
             version,
             api_timeout,
             store,
@@ -251,23 +262,31 @@ impl TaskBackend for KubeTasks {
         Ok(self.object(&namespace, id).await?.and_then(|t| record_of(&t)).filter(|r| r.owned_by(owner)))
     }
 
-    async fn list(&self, owner: &OwnerKey) -> Result<Vec<TaskRecord>> {
-        Ok(self
-            .cache
-            .state()
-            .iter()
-            .filter(|t| {
-                t.metadata.labels.as_ref().and_then(|l| l.get(OWNER_LABEL)).map(String::as_str) == Some(owner.as_str())
-            })
-            .filter_map(|t| record_of(t))
-            .filter(|r| r.owned_by(owner))
-            .collect())
+    async fn walk(
+        &self,
+        owner: &OwnerKey,
+        before: Option<&Position>,
+        visit: &mut (dyn FnMut(TaskRecord) -> ControlFlow<()> + Send),
+    ) -> Result<()> {
+        let mut from = before.cloned();
+        loop {
+            let batch = self.index.newest(owner.as_str(), from.as_ref(), WALK_BATCH);
+            let Some(last) = batch.last().cloned() else { return Ok(()) };
+            for (_, name) in batch {
+                let Some(task) = self.cache.get(&ObjectRef::new(&name).within(&self.namespace)) else { continue };
+                let Some(record) = record_of(&task).filter(|r| r.owned_by(owner)) else { continue };
+                if visit(record).is_break() {
+                    return Ok(());
+                }
+            }
+            from = Some(last);
+        }
     }
 
     /// The owner's unfinished CodingTasks the watch shows (every replica's), plus the ones
     /// this replica created that it does not show yet.
     async fn running_of(&self, owner: &OwnerKey) -> Result<usize> {
-        let seen = self.list(owner).await?.iter().filter(|r| !r.phase.is_finished()).count();
+        let seen = self.index.unfinished(owner.as_str());
         let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
         created.retain(|id, (_, at)| {
             at.elapsed() < CREATED_UNSEEN_TTL

@@ -14,6 +14,7 @@
 //! (actions, events, artifacts) stay readable.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -33,7 +34,7 @@ use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_api::{Owner, OwnerKey};
 
 use super::view::{self, task_folder, task_path};
-use super::{NewTask, Phase, TaskBackend, TaskRecord, now_ms};
+use super::{NewTask, Phase, Position, TaskBackend, TaskRecord, now_ms};
 use crate::executor::local::{Launch, ProcessTree, read_bounded, runner_command};
 use crate::store::ArtifactStore;
 use crate::store::fs::create_private_dirs;
@@ -397,9 +398,15 @@ impl TaskBackend for LocalTaskBackend {
         self.0.load(owner, id).await
     }
 
-    async fn list(&self, owner: &OwnerKey) -> Result<Vec<TaskRecord>> {
+    /// Reads every record of the owner (an embedded gateway serves one person's tasks).
+    async fn walk(
+        &self,
+        owner: &OwnerKey,
+        before: Option<&Position>,
+        visit: &mut (dyn FnMut(TaskRecord) -> ControlFlow<()> + Send),
+    ) -> Result<()> {
         let objects = self.0.store.list(owner, "tasks/").await?;
-        let mut out = Vec::new();
+        let mut records = Vec::new();
         for o in objects {
             let Some(id) = o.path.strip_prefix("tasks/").and_then(|r| r.strip_suffix(&format!("/{RECORD_FILE}")))
             else {
@@ -407,10 +414,16 @@ impl TaskBackend for LocalTaskBackend {
             };
             let Ok(id) = RunId::parse(id) else { continue };
             if let Some(record) = self.0.load(owner, &id).await? {
-                out.push(record);
+                records.push((record.position(), record));
             }
         }
-        Ok(out)
+        records.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, record) in records.into_iter().filter(|(at, _)| before.is_none_or(|b| at < b)) {
+            if visit(record).is_break() {
+                break;
+            }
+        }
+        Ok(())
     }
 
     async fn cancel(&self, owner: &OwnerKey, id: &RunId) -> Result<bool> {

@@ -10,11 +10,13 @@
 //! Either way the task's files live in the artifact store under its owner's prefix, and a
 //! stored `result.json` is the final word on how it ended ([`view`]).
 
+pub mod index;
 pub mod kube;
 pub mod local;
 pub mod tools;
 pub mod view;
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -110,7 +112,16 @@ impl TaskRecord {
     pub fn owned_by(&self, owner: &OwnerKey) -> bool {
         &self.owner.key() == owner
     }
+
+    /// Its place in its owner's history.
+    pub fn position(&self) -> Position {
+        (self.created_ms, self.id.to_string())
+    }
 }
+
+/// A task's place in its owner's history, which lists newest first: creation time (Unix
+/// milliseconds), then id.
+pub type Position = (i64, String);
 
 /// Where coding tasks run.
 #[async_trait]
@@ -125,13 +136,27 @@ pub trait TaskBackend: Send + Sync + 'static {
     /// The task `id` of `owner`; `None` when it does not exist or belongs to someone else.
     async fn get(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<Option<TaskRecord>>;
 
-    /// Every task of `owner`, in no particular order.
-    async fn list(&self, owner: &OwnerKey) -> crate::Result<Vec<TaskRecord>>;
+    /// Visits `owner`'s tasks newest first ([`TaskRecord::position`] descending), starting
+    /// with the first older than `before` (the newest when `None`), until `visit` breaks. On
+    /// Kubernetes it costs what it visits, whatever the namespace holds (an owner index over
+    /// the watch); the local backend reads the owner's records.
+    async fn walk(
+        &self,
+        owner: &OwnerKey,
+        before: Option<&Position>,
+        visit: &mut (dyn FnMut(TaskRecord) -> ControlFlow<()> + Send),
+    ) -> crate::Result<()>;
 
     /// How many tasks of `owner` have not finished, wherever they were started (every
     /// replica's tasks: the cluster's state). A per-user limit on running tasks counts these.
     async fn running_of(&self, owner: &OwnerKey) -> crate::Result<usize> {
-        Ok(self.list(owner).await?.iter().filter(|r| !r.phase.is_finished()).count())
+        let mut running = 0;
+        self.walk(owner, None, &mut |r| {
+            running += usize::from(!r.phase.is_finished());
+            ControlFlow::Continue(())
+        })
+        .await?;
+        Ok(running)
     }
 
     /// Forgets finished task `id` of `owner`, for `delete_task` (which deletes its files
