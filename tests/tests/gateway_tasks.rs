@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::{CodingTask, Owner, OwnerKey, conditions};
 use toolyard_gateway::store::fs::FsStore;
 use toolyard_gateway::tasks::kube::KubeTasks;
-use toolyard_gateway::tasks::{Position, TaskBackend, TaskRecord, new_task_id};
+use toolyard_gateway::tasks::{Position, Subset, TaskBackend, TaskRecord, new_task_id};
 use toolyard_tests::local::TempDir;
 use toolyard_tests::{TestEnv, User, wait_until};
 
@@ -44,15 +44,26 @@ async fn create(api: &Api<CodingTask>, user: &str, watched: bool) -> String {
     api.create(&PostParams::default(), &task(user, watched)).await.expect("create").metadata.name.expect("name")
 }
 
-/// Walks `owner`'s tasks from `before`, at most `limit` of them.
-async fn walk(tasks: &KubeTasks, owner: &OwnerKey, before: Option<&Position>, limit: usize) -> Vec<TaskRecord> {
+/// Walks `owner`'s tasks of `subset` from `before`, at most `limit` of them.
+async fn walk_of(
+    tasks: &KubeTasks,
+    owner: &OwnerKey,
+    subset: Subset,
+    before: Option<&Position>,
+    limit: usize,
+) -> Vec<TaskRecord> {
     let mut seen = Vec::new();
     let visit = &mut |r: TaskRecord| {
         seen.push(r);
         if seen.len() == limit { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
     };
-    tasks.walk(owner, before, visit).await.expect("walk");
+    tasks.walk(owner, subset, before, visit).await.expect("walk");
     seen
+}
+
+/// Walks all of `owner`'s tasks from `before`, at most `limit` of them.
+async fn walk(tasks: &KubeTasks, owner: &OwnerKey, before: Option<&Position>, limit: usize) -> Vec<TaskRecord> {
+    walk_of(tasks, owner, Subset::All, before, limit).await
 }
 
 fn names(records: &[TaskRecord]) -> Vec<String> {
@@ -140,5 +151,10 @@ async fn an_owners_tasks_are_walked_newest_first_from_the_watch_and_counted_as_t
     let after = walk(&tasks, &alice, None, 100).await;
     assert_eq!(names(&after), [&expected[..1], &expected[2..]].concat());
     assert!(after[0].phase.is_finished(), "{:?}", after[0].phase);
+    // The unfinished ones alone, page by page.
+    let unfinished = walk_of(&tasks, &alice, Subset::Unfinished, None, 100).await;
+    assert_eq!(names(&unfinished), expected[2..]);
+    let rest = walk_of(&tasks, &alice, Subset::Unfinished, Some(&unfinished[1].position()), 100).await;
+    assert_eq!(names(&rest), expected[4..]);
     assert_eq!(tasks.running_of(&bob).await.expect("running"), 3);
 }

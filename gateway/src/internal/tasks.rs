@@ -34,7 +34,7 @@ use crate::core::{CallError, CallInput, Called, Calls, Selection};
 use crate::identity::Identity;
 use crate::model::{ModelProxy, ProxyError, USER_BUDGET_WINDOW, Usage};
 use crate::tasks::view::{self, task_path};
-use crate::tasks::{TaskBackend, TaskRecord, now_ms, tools};
+use crate::tasks::{Subset, TaskBackend, TaskRecord, now_ms, tools};
 
 type St = State<Arc<InternalState>>;
 
@@ -395,7 +395,7 @@ async fn model_call(
         owner_used = owner_used.saturating_add(t.model_tokens);
         ControlFlow::Continue(())
     };
-    api.backend.walk(&record.owner.key(), None, visit).await.map_err(platform)?;
+    api.backend.walk(&record.owner.key(), Subset::All, None, visit).await.map_err(platform)?;
     api.models.check_budgets(Usage {
         task_used: record.model_tokens,
         task_budget: record.budgets.max_model_tokens,

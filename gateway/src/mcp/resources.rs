@@ -30,8 +30,8 @@ use toolyard_api::storage::{self, RunId, TaskFile};
 use super::cursor;
 use crate::identity::Identity;
 use crate::state::AppState;
-use crate::tasks::Position;
 use crate::tasks::view::{self, task_path};
+use crate::tasks::{Position, Subset};
 
 /// URI scheme and prefix of task resources.
 pub const PREFIX: &str = "toolyard://tasks/";
@@ -172,7 +172,7 @@ pub async fn list(state: &AppState, who: &Identity, after: Option<&str>) -> Resu
         page.push(record);
         ControlFlow::Continue(())
     };
-    backend.walk(&who.owner_key(), after.as_ref(), visit).await.map_err(|e| internal(&e))?;
+    backend.walk(&who.owner_key(), Subset::All, after.as_ref(), visit).await.map_err(|e| internal(&e))?;
     let next = if more { page.last().map(|r| cursor::encode_cursor(&position_key(&r.position()))) } else { None };
     let mut result = ListResourcesResult::with_all_items(
         page.iter()

@@ -33,7 +33,7 @@ use crate::identity::Identity;
 use crate::metrics::Rejection;
 use crate::state::AppState;
 use crate::tasks::view::{self, TaskView, ViewStatus, task_path};
-use crate::tasks::{NewTask, RECHECK, TaskBackend, TaskRecord, new_task_id};
+use crate::tasks::{NewTask, RECHECK, Subset, TaskBackend, TaskRecord, new_task_id};
 
 /// Default page size of `list_tasks`.
 const DEFAULT_LIST_LIMIT: usize = 20;
@@ -465,7 +465,9 @@ impl TaskTools<'_> {
             page.push((record, status));
             ControlFlow::Continue(())
         };
-        backend.walk(&self.owner(), after.as_ref(), visit).await.map_err(|e| internal(self.state, &e))?;
+        // Pending and running tasks are walked apart from the (many more) finished ones.
+        let subset = if wanted.is_some_and(|w| !w.is_final()) { Subset::Unfinished } else { Subset::All };
+        backend.walk(&self.owner(), subset, after.as_ref(), visit).await.map_err(|e| internal(self.state, &e))?;
         let next_cursor =
             if more { page.last().map(|(r, _)| encode_cursor(r.created_ms, r.id.as_str())) } else { None };
         let tasks: Vec<Value> = page

@@ -4,17 +4,17 @@
 //! Kept beside the reflector's store, from the same watch events: an object's owner label
 //! and creation time never change, so an entry is added on `Apply`, dropped on `Delete`, and
 //! the whole index is rebuilt from a relist (`Init` … `InitDone`) and swapped in at its end,
-//! as the store does. Each entry also says whether the task has finished, so counting an
-//! owner's unfinished tasks is one lookup.
+//! as the store does. An owner's unfinished tasks are also kept apart, so counting them is
+//! one lookup and a page of them walks past no finished one.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use kube::runtime::watcher::Event;
 use toolyard_api::CodingTask;
 
-use super::Position;
 use super::kube::phase_of;
+use super::{Position, Subset};
 use crate::executor::kube::OWNER_LABEL;
 
 /// One owner's tasks.
@@ -22,22 +22,23 @@ use crate::executor::kube::OWNER_LABEL;
 struct OwnerTasks {
     /// Finished or not, by position.
     tasks: BTreeMap<Position, bool>,
-    /// How many are not finished.
-    unfinished: usize,
+    /// The positions of those not finished.
+    unfinished: BTreeSet<Position>,
 }
 
 impl OwnerTasks {
     fn insert(&mut self, at: Position, finished: bool) {
-        if let Some(was) = self.tasks.insert(at, finished) {
-            self.unfinished -= usize::from(!was);
+        if finished {
+            self.unfinished.remove(&at);
+        } else {
+            self.unfinished.insert(at.clone());
         }
-        self.unfinished += usize::from(!finished);
+        self.tasks.insert(at, finished);
     }
 
     fn remove(&mut self, at: &Position) {
-        if let Some(was) = self.tasks.remove(at) {
-            self.unfinished -= usize::from(!was);
-        }
+        self.tasks.remove(at);
+        self.unfinished.remove(at);
     }
 }
 
@@ -78,20 +79,23 @@ impl OwnerIndex {
         (index.clone(), IndexWriter { index, relist: None })
     }
 
-    /// Up to `limit` names of `owner`'s tasks older than `before` (all when `None`), newest
-    /// first.
-    pub fn newest(&self, owner: &str, before: Option<&Position>, limit: usize) -> Vec<Position> {
+    /// Up to `limit` positions of `owner`'s tasks (of `subset`) older than `before` (from the
+    /// newest when `None`), newest first.
+    pub fn newest(&self, owner: &str, subset: Subset, before: Option<&Position>, limit: usize) -> Vec<Position> {
         let owners = self.owners.read().unwrap_or_else(|e| e.into_inner());
         let Some(tasks) = owners.get(owner) else { return Vec::new() };
-        match before {
-            Some(at) => tasks.tasks.range(..at.clone()).rev().take(limit).map(|(p, _)| p.clone()).collect(),
-            None => tasks.tasks.keys().rev().take(limit).cloned().collect(),
+        let take = |it: &mut dyn DoubleEndedIterator<Item = &Position>| it.rev().take(limit).cloned().collect();
+        match (subset, before) {
+            (Subset::All, Some(at)) => take(&mut tasks.tasks.range(..at.clone()).map(|(p, _)| p)),
+            (Subset::All, None) => take(&mut tasks.tasks.keys()),
+            (Subset::Unfinished, Some(at)) => take(&mut tasks.unfinished.range(..at.clone())),
+            (Subset::Unfinished, None) => take(&mut tasks.unfinished.iter()),
         }
     }
 
     /// How many of `owner`'s tasks have not finished.
     pub fn unfinished(&self, owner: &str) -> usize {
-        self.owners.read().unwrap_or_else(|e| e.into_inner()).get(owner).map_or(0, |t| t.unfinished)
+        self.owners.read().unwrap_or_else(|e| e.into_inner()).get(owner).map_or(0, |t| t.unfinished.len())
     }
 }
 
@@ -156,21 +160,26 @@ mod tests {
         for (i, owner) in ["a", "b", "a", "a"].iter().enumerate() {
             writer.apply(&Event::InitApply(task(owner, &format!("t{i}"), i as i64, false)));
         }
-        assert!(index.newest("a", None, 10).is_empty(), "a relist shows nothing before it is done");
+        assert!(index.newest("a", Subset::All, None, 10).is_empty(), "a relist shows nothing before it is done");
         writer.apply(&Event::InitDone);
-        assert_eq!(names(index.newest("a", None, 10)), ["t3", "t2", "t0"]);
-        assert_eq!(names(index.newest("a", None, 2)), ["t3", "t2"]);
-        assert_eq!(names(index.newest("a", Some(&(2_000, "t2".into())), 10)), ["t0"]);
-        assert_eq!(names(index.newest("b", None, 10)), ["t1"]);
-        assert!(index.newest("nobody", None, 10).is_empty());
+        assert_eq!(names(index.newest("a", Subset::All, None, 10)), ["t3", "t2", "t0"]);
+        assert_eq!(names(index.newest("a", Subset::All, None, 2)), ["t3", "t2"]);
+        assert_eq!(names(index.newest("a", Subset::All, Some(&(2_000, "t2".into())), 10)), ["t0"]);
+        assert_eq!(names(index.newest("b", Subset::All, None, 10)), ["t1"]);
+        assert!(index.newest("nobody", Subset::All, None, 10).is_empty());
         assert_eq!(index.unfinished("a"), 3);
 
         // A status change finishes one (applied twice: counted once); a deletion drops one.
         writer.apply(&Event::Apply(task("a", "t2", 2, true)));
         writer.apply(&Event::Apply(task("a", "t2", 2, true)));
         assert_eq!(index.unfinished("a"), 2);
+        assert_eq!(names(index.newest("a", Subset::Unfinished, None, 10)), ["t3", "t0"]);
+        assert_eq!(names(index.newest("a", Subset::Unfinished, Some(&(3_000, "t3".into())), 10)), ["t0"]);
         writer.apply(&Event::Delete(task("a", "t3", 3, false)));
-        assert_eq!((names(index.newest("a", None, 10)), index.unfinished("a")), (vec!["t2".into(), "t0".into()], 1));
+        assert_eq!(
+            (names(index.newest("a", Subset::All, None, 10)), index.unfinished("a")),
+            (vec!["t2".into(), "t0".into()], 1)
+        );
         writer.apply(&Event::Delete(task("b", "t1", 1, false)));
         assert_eq!(index.unfinished("b"), 0);
 
@@ -178,7 +187,7 @@ mod tests {
         writer.apply(&Event::Init);
         writer.apply(&Event::InitApply(task("c", "t9", 9, false)));
         writer.apply(&Event::InitDone);
-        assert!(index.newest("a", None, 10).is_empty());
-        assert_eq!(names(index.newest("c", None, 10)), ["t9"]);
+        assert!(index.newest("a", Subset::All, None, 10).is_empty());
+        assert_eq!(names(index.newest("c", Subset::All, None, 10)), ["t9"]);
     }
 }

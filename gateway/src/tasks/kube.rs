@@ -32,7 +32,7 @@ use toolyard_api::storage::RunId;
 use toolyard_api::{CodingTask, CodingTaskSpec, GATEWAY_MANAGER, OwnerKey};
 
 use super::index::OwnerIndex;
-use super::{NewTask, Phase, Position, TaskBackend, TaskRecord};
+use super::{NewTask, Phase, Position, Subset, TaskBackend, TaskRecord};
 use crate::executor::kube::{MANAGED_BY_LABEL, OWNER_LABEL, TRACEPARENT_ANNOTATION};
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
@@ -265,12 +265,13 @@ impl TaskBackend for KubeTasks {
     async fn walk(
         &self,
         owner: &OwnerKey,
+        subset: Subset,
         before: Option<&Position>,
         visit: &mut (dyn FnMut(TaskRecord) -> ControlFlow<()> + Send),
     ) -> Result<()> {
         let mut from = before.cloned();
         loop {
-            let batch = self.index.newest(owner.as_str(), from.as_ref(), WALK_BATCH);
+            let batch = self.index.newest(owner.as_str(), subset, from.as_ref(), WALK_BATCH);
             let Some(last) = batch.last().cloned() else { return Ok(()) };
             for (_, name) in batch {
                 let Some(task) = self.cache.get(&ObjectRef::new(&name).within(&self.namespace)) else { continue };

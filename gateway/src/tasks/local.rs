@@ -34,7 +34,7 @@ use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_api::{Owner, OwnerKey};
 
 use super::view::{self, task_folder, task_path};
-use super::{NewTask, Phase, Position, TaskBackend, TaskRecord, now_ms};
+use super::{NewTask, Phase, Position, Subset, TaskBackend, TaskRecord, now_ms};
 use crate::executor::local::{Launch, ProcessTree, read_bounded, runner_command};
 use crate::store::ArtifactStore;
 use crate::store::fs::create_private_dirs;
@@ -402,6 +402,7 @@ impl TaskBackend for LocalTaskBackend {
     async fn walk(
         &self,
         owner: &OwnerKey,
+        subset: Subset,
         before: Option<&Position>,
         visit: &mut (dyn FnMut(TaskRecord) -> ControlFlow<()> + Send),
     ) -> Result<()> {
@@ -413,7 +414,9 @@ impl TaskBackend for LocalTaskBackend {
                 continue;
             };
             let Ok(id) = RunId::parse(id) else { continue };
-            if let Some(record) = self.0.load(owner, &id).await? {
+            if let Some(record) = self.0.load(owner, &id).await?
+                && (subset == Subset::All || !record.phase.is_finished())
+            {
                 records.push((record.position(), record));
             }
         }

@@ -119,6 +119,15 @@ impl TaskRecord {
     }
 }
 
+/// Which of an owner's tasks a walk visits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subset {
+    /// All of them.
+    All,
+    /// Those not finished (pending or running).
+    Unfinished,
+}
+
 /// A task's place in its owner's history, which lists newest first: creation time (Unix
 /// milliseconds), then id.
 pub type Position = (i64, String);
@@ -136,13 +145,14 @@ pub trait TaskBackend: Send + Sync + 'static {
     /// The task `id` of `owner`; `None` when it does not exist or belongs to someone else.
     async fn get(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<Option<TaskRecord>>;
 
-    /// Visits `owner`'s tasks newest first ([`TaskRecord::position`] descending), starting
-    /// with the first older than `before` (the newest when `None`), until `visit` breaks. On
-    /// Kubernetes it costs what it visits, whatever the namespace holds (an owner index over
-    /// the watch); the local backend reads the owner's records.
+    /// Visits `owner`'s tasks of `subset` newest first ([`TaskRecord::position`] descending),
+    /// starting with the first older than `before` (the newest when `None`), until `visit`
+    /// breaks. On Kubernetes it costs what it visits, whatever the namespace holds (an owner
+    /// index over the watch); the local backend reads the owner's records.
     async fn walk(
         &self,
         owner: &OwnerKey,
+        subset: Subset,
         before: Option<&Position>,
         visit: &mut (dyn FnMut(TaskRecord) -> ControlFlow<()> + Send),
     ) -> crate::Result<()>;
@@ -151,7 +161,7 @@ pub trait TaskBackend: Send + Sync + 'static {
     /// replica's tasks: the cluster's state). A per-user limit on running tasks counts these.
     async fn running_of(&self, owner: &OwnerKey) -> crate::Result<usize> {
         let mut running = 0;
-        self.walk(owner, None, &mut |r| {
+        self.walk(owner, Subset::Unfinished, None, &mut |r| {
             running += usize::from(!r.phase.is_finished());
             ControlFlow::Continue(())
         })
