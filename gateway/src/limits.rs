@@ -2,7 +2,9 @@
 //!
 //! Tool calls are limited at the MCP level (a refused call gets a JSON-RPC "server busy"
 //! error); HTTP requests are limited in middleware (503 globally, 429 per user, both with
-//! `Retry-After`). Permits are released on drop, so a cancelled request frees its slot.
+//! `Retry-After`). A `subscriptions/listen` stream outlives its request's admission, so open
+//! streams have limits of their own (a busy error beyond). Permits are released on drop, so a
+//! cancelled request or a closed stream frees its slot.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -25,6 +27,10 @@ pub struct LimitSettings {
     pub max_http_in_flight: usize,
     /// HTTP requests of one user handled at once (answered 429 beyond).
     pub max_http_in_flight_per_user: usize,
+    /// `subscriptions/listen` streams open at once on this replica.
+    pub max_streams: usize,
+    /// `subscriptions/listen` streams one user holds open at once on this replica.
+    pub max_streams_per_user: usize,
     /// Largest request body in bytes (answered 413 beyond).
     pub max_body_bytes: usize,
     /// The `Retry-After` sent with 429/503 and suggested in "server busy" errors.
@@ -45,6 +51,8 @@ impl Default for LimitSettings {
             max_tasks_per_user: 4,
             max_http_in_flight: 1024,
             max_http_in_flight_per_user: 64,
+            max_streams: 4096,
+            max_streams_per_user: 16,
             max_body_bytes: 4 * 1024 * 1024,
             retry_after: Duration::from_secs(1),
             storage_quota_bytes: DEFAULT_STORAGE_QUOTA_BYTES,
@@ -117,6 +125,13 @@ pub struct HttpPermit {
     _user: Option<KeyPermit>,
 }
 
+/// An open stream's slots; released on drop.
+#[derive(Debug)]
+pub struct StreamPermit {
+    _global: OwnedSemaphorePermit,
+    _user: KeyPermit,
+}
+
 /// The admission state of one replica.
 #[derive(Debug)]
 pub struct Limits {
@@ -125,6 +140,8 @@ pub struct Limits {
     calls_per_user: Arc<PerKey>,
     http: Arc<Semaphore>,
     http_per_user: Arc<PerKey>,
+    streams: Arc<Semaphore>,
+    streams_per_user: Arc<PerKey>,
     /// Held while a task is counted and created, so this replica's own starts cannot race.
     task_starts: tokio::sync::Mutex<()>,
 }
@@ -137,6 +154,8 @@ impl Limits {
             calls_per_user: PerKey::new(settings.max_calls_per_user),
             http: Arc::new(Semaphore::new(settings.max_http_in_flight.max(1))),
             http_per_user: PerKey::new(settings.max_http_in_flight_per_user),
+            streams: Arc::new(Semaphore::new(settings.max_streams.max(1))),
+            streams_per_user: PerKey::new(settings.max_streams_per_user),
             task_starts: tokio::sync::Mutex::new(()),
             settings,
         }
@@ -168,6 +187,14 @@ impl Limits {
         Ok(HttpPermit { _global: None, _user: Some(user) })
     }
 
+    /// Admits one `subscriptions/listen` stream of the user with storage key `user`, held for
+    /// as long as the stream is open.
+    pub fn try_admit_stream(&self, user: &str) -> Result<StreamPermit, Rejection> {
+        let user_permit = self.streams_per_user.try_acquire(user, 0).ok_or(Rejection::StreamsUser)?;
+        let global = self.streams.clone().try_acquire_owned().map_err(|_| Rejection::StreamsGlobal)?;
+        Ok(StreamPermit { _global: global, _user: user_permit })
+    }
+
     /// Admission of a coding task: held while the owner's running tasks are counted and the
     /// new one is created, so that this replica's concurrent starts see each other.
     pub async fn task_start(&self) -> tokio::sync::MutexGuard<'_, ()> {
@@ -191,6 +218,18 @@ mod tests {
 
     fn limits(max_calls: usize, per_user: usize) -> Limits {
         Limits::new(LimitSettings { max_calls, max_calls_per_user: per_user, ..LimitSettings::default() })
+    }
+
+    #[test]
+    fn streams_are_limited_per_user_and_per_replica_until_closed() {
+        let l = Limits::new(LimitSettings { max_streams: 3, max_streams_per_user: 2, ..LimitSettings::default() });
+        let a1 = l.try_admit_stream("alice").unwrap();
+        let _a2 = l.try_admit_stream("alice").unwrap();
+        assert_eq!(l.try_admit_stream("alice").unwrap_err(), Rejection::StreamsUser);
+        let _b1 = l.try_admit_stream("bob").unwrap();
+        assert_eq!(l.try_admit_stream("carol").unwrap_err(), Rejection::StreamsGlobal);
+        drop(a1);
+        assert!(l.try_admit_stream("alice").is_ok(), "a closed stream frees its slots");
     }
 
     #[test]

@@ -105,6 +105,10 @@ pub enum Rejection {
     HttpGlobal,
     /// Concurrent HTTP requests of one user.
     HttpUser,
+    /// Open `subscriptions/listen` streams on this replica.
+    StreamsGlobal,
+    /// Open `subscriptions/listen` streams of one user.
+    StreamsUser,
     /// Request body above the cap.
     BodyTooLarge,
     /// Request body not received within the body read timeout.
@@ -126,6 +130,8 @@ impl Rejection {
             Rejection::UserTasks => "user_tasks",
             Rejection::HttpGlobal => "http_global",
             Rejection::HttpUser => "http_user",
+            Rejection::StreamsGlobal => "streams_global",
+            Rejection::StreamsUser => "streams_user",
             Rejection::BodyTooLarge => "body_too_large",
             Rejection::BodyTimeout => "body_timeout",
             Rejection::StorageQuota => "storage_quota",

@@ -194,6 +194,12 @@ pub struct LimitArgs {
     /// HTTP requests of one user handled at once (429 beyond).
     #[arg(long, env = "TOOLYARD_MAX_HTTP_IN_FLIGHT_PER_USER", default_value_t = 64)]
     pub max_http_in_flight_per_user: usize,
+    /// `subscriptions/listen` streams open at once (a busy error beyond).
+    #[arg(long, env = "TOOLYARD_MAX_STREAMS", default_value_t = 4096)]
+    pub max_streams: usize,
+    /// `subscriptions/listen` streams one user holds open at once (a busy error beyond).
+    #[arg(long, env = "TOOLYARD_MAX_STREAMS_PER_USER", default_value_t = 16)]
+    pub max_streams_per_user: usize,
     /// Largest request body in bytes (413 beyond).
     #[arg(long, env = "TOOLYARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -245,6 +251,8 @@ impl LimitArgs {
             max_tasks_per_user: self.max_tasks_per_user,
             max_http_in_flight: self.max_http_in_flight,
             max_http_in_flight_per_user: self.max_http_in_flight_per_user,
+            max_streams: self.max_streams,
+            max_streams_per_user: self.max_streams_per_user,
             max_body_bytes: self.max_body_bytes,
             retry_after: Duration::from_secs(self.retry_after_seconds.max(1)),
             storage_quota_bytes: crate::limits::DEFAULT_STORAGE_QUOTA_BYTES,

@@ -323,6 +323,69 @@ async fn new_and_deleted_tools_show_up_and_modern_clients_are_notified() {
     client.cancel().await.ok();
 }
 
+/// The error a refused `subscriptions/listen` ends with: rmcp acknowledges a subscription
+/// before the server's handler runs, so a refusal is the request's answer right after it.
+async fn refused_listen(client: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>) -> String {
+    let filter = SubscriptionFilter::builder().tools_list_changed().build();
+    let outcome = match client.listen(filter).await {
+        Err(e) => Err(e),
+        Ok(mut subscription) => tokio::time::timeout(Duration::from_secs(5), subscription.next())
+            .await
+            .expect("the refusal comes at once")
+            .map(|n| format!("{n:?}")),
+    };
+    format!("{outcome:?}")
+}
+
+#[tokio::test]
+async fn open_listen_streams_are_limited_per_user_and_a_closed_one_frees_its_slot() {
+    let ns = setup("gwstreams", &[("first", "first", 60)]).await;
+    let mut options = Options::default();
+    options.settings.limits.max_streams_per_user = 2;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let alice = gw.modern_client(User::Alice).await;
+    let filter = || SubscriptionFilter::builder().tools_list_changed().build();
+    let mut first = alice.listen(filter()).await.expect("a first stream");
+    let mut second = alice.listen(filter()).await.expect("a second stream");
+    let refused = refused_listen(&alice).await;
+    assert!(refused.contains("too many open subscriptions/listen streams for this user"), "{refused}");
+    let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("metrics").text().await.expect("text");
+    assert!(
+        metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"streams_user\"} 1"),
+        "the refusal is counted: {metrics}"
+    );
+
+    // Another user is not held back, and the open streams still hear changes.
+    let bob = gw.modern_client(User::Bob).await;
+    let bobs = bob.listen(filter()).await.expect("bob's stream");
+    create_tool(&ns, "second", spec("second", 60), true).await;
+    let note = tokio::time::timeout(Duration::from_secs(20), second.next()).await.expect("notified in time");
+    assert!(matches!(note, Ok(Some(rmcp::model::ServerNotification::ToolListChangedNotification(_)))), "{note:?}");
+
+    // Closing a stream frees its slot.
+    first.cancel().await.ok();
+    let mut third = None;
+    for _ in 0..50 {
+        match alice.listen(filter()).await {
+            Ok(mut s) => match tokio::time::timeout(Duration::from_millis(300), s.next()).await {
+                // Still open after a moment: admitted.
+                Err(_) => {
+                    third = Some(s);
+                    break;
+                }
+                Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            },
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(third.is_some(), "a closed stream frees its slot");
+    for mut s in [Some(second), Some(bobs), third].into_iter().flatten() {
+        s.cancel().await.ok();
+    }
+    alice.cancel().await.ok();
+    bob.cancel().await.ok();
+}
+
 #[tokio::test]
 async fn both_protocol_revisions_list_and_call() {
     let ns = setup("gwproto", &[("echo", "echo", 60)]).await;

@@ -30,7 +30,7 @@ use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
 use crate::executor::CallState;
 use crate::identity::Identity;
-use crate::metrics::CallOutcome;
+use crate::metrics::{CallOutcome, Rejection};
 use crate::state::AppState;
 use rmcp::model::{CreateTaskResult, DetailedTask, Task, TaskPayload, TaskStatus as McpTaskStatus};
 use toolyard_api::mcptool::ExecutionMode;
@@ -1080,6 +1080,19 @@ impl ServerHandler for McpHandler {
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let who = Self::identity(context.request_context())?;
+        // Held while the stream is open (the request's own admission ends with its head).
+        let _permit = match self.state.limits.try_admit_stream(who.owner_key().as_str()) {
+            Ok(permit) => permit,
+            Err(rejection) => {
+                self.state.metrics.admission_rejected(rejection);
+                self.count("subscriptions/listen", false);
+                let what = match rejection {
+                    Rejection::StreamsUser => "too many open subscriptions/listen streams for this user",
+                    _ => "too many open subscriptions/listen streams",
+                };
+                return Err(errors::busy(what, self.retry_after()));
+            }
+        };
         self.count("subscriptions/listen", true);
         let mut changes = self.state.catalog.changes();
         changes.borrow_and_update();
