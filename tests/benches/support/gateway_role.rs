@@ -74,6 +74,7 @@ pub fn run(namespaces: &str, metrics: bool) {
         let mut settings = Settings::default();
         settings.limits.max_calls_per_user = 1024;
         settings.limits.max_http_in_flight_per_user = 1024;
+        settings.limits.max_streams_per_user = 1024;
         settings.metrics_on_public = metrics;
         let tokens = ShutdownTokens::default();
         let state =
