@@ -94,9 +94,10 @@ async fn call(client: &Client, x: f64) -> Option<Duration> {
     let result = client.call_tool(price_call(x)).await.ok()?;
     // The gateway answers with structured content; the Python server's `-> dict` function
     // with the same JSON as text.
-    let value = result.structured_content.clone().or_else(|| {
-        result.content.first().and_then(|c| c.as_text()).and_then(|t| serde_json::from_str(&t.text).ok())
-    });
+    let value = result
+        .structured_content
+        .clone()
+        .or_else(|| result.content.first().and_then(|c| c.as_text()).and_then(|t| serde_json::from_str(&t.text).ok()));
     let answered = value.as_ref().and_then(|v| v.get("echo")).and_then(|e| e.get("x"));
     (result.is_error != Some(true) && answered == Some(&json!(x))).then(|| started.elapsed())
 }
