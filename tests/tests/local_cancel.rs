@@ -45,9 +45,17 @@ fn hang_tree() -> Option<(i32, i32, i32)> {
     None
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_call_stops_the_runner_the_tool_and_its_child() {
+#[test]
+fn a_cancelled_call_stops_the_runner_the_tool_and_its_child() {
+    // The folder outlives the runtime: the executor writes the cancelled call's files in the
+    // background after the call answers, and the runtime's shutdown is what ends that.
     let dir = TempDir::new("local-cancel");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(cancel_a_call(&dir));
+    drop(runtime);
+}
+
+async fn cancel_a_call(dir: &TempDir) {
     let tools = dir.path().join("tools");
     std::fs::create_dir_all(&tools).expect("tools folder");
     write_hang_manifest(&tools);
