@@ -27,6 +27,10 @@
 mod gateway_role;
 #[path = "../tests/gateway_support/mod.rs"]
 mod gateway_support;
+// Only its `Measured` (quantiles and rate of a cell's latencies).
+#[path = "support/loadgen.rs"]
+#[allow(dead_code)]
+mod loadgen;
 #[path = "support/procs.rs"]
 mod procs;
 
@@ -115,14 +119,6 @@ struct Figures {
     streams_lost: usize,
 }
 
-fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[i].as_secs_f64() * 1000.0
-}
-
 /// Loads the server at `url` (process `pid`) and measures it.
 async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Figures {
     let listeners = clients / 3;
@@ -193,9 +189,9 @@ async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Fi
     for task in tasks {
         latencies.extend(task.await.expect("caller"));
     }
-    let elapsed = started.elapsed();
     let cpu = cpu_seconds(pid) - cpu_before;
     latencies.sort();
+    let measured = loadgen::Measured { latencies, errors: failed.load(Ordering::Relaxed), elapsed: started.elapsed() };
 
     // Every stream is still open: nothing arrives on it, and it has not ended.
     let mut listening = listening;
@@ -220,11 +216,11 @@ async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Fi
         per_connection_kib: kib(with_callers.saturating_sub(idle), callers),
         per_stream_kib: kib(with_streams.saturating_sub(with_callers), listeners),
         rss_mib: rss as f64 / 1024.0 / 1024.0,
-        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50_ms: quantile_ms(&latencies, 0.50),
-        p99_ms: quantile_ms(&latencies, 0.99),
-        cpu_ms: cpu * 1000.0 / latencies.len().max(1) as f64,
-        failed: failed.load(Ordering::Relaxed),
+        per_second: measured.per_second(),
+        p50_ms: measured.quantile_ms(0.50),
+        p99_ms: measured.quantile_ms(0.99),
+        cpu_ms: cpu * 1000.0 / measured.latencies.len().max(1) as f64,
+        failed: measured.errors,
         streams_lost,
     }
 }
