@@ -110,7 +110,7 @@ async fn run(client: &kube::Client, kube_config: kube::Config, ns: &str, calls: 
         "--runner-image",
         "registry.example/toolyard-runner:bench",
     ])?;
-    let controller = Controller::new(config, kube::Client::try_from(kube_config)?).await?;
+    let controller = Controller::new(config, kube_config).await?;
     let metrics = controller.metrics();
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(controller.run(shutdown.clone()));

@@ -20,6 +20,7 @@
 //! Embed with [`run()`] (or [`Controller`] to learn the ops address first); the binary only parses
 //! its configuration and calls it.
 
+pub mod client;
 pub mod codingtask;
 pub mod config;
 pub mod context;
@@ -60,8 +61,9 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Loads the signing key and binds the ops listener.
-    pub async fn new(config: Config, client: kube::Client) -> Result<Self> {
+    /// Loads the signing key, binds the ops listener and connects with `kube` (every
+    /// request counted in the metrics).
+    pub async fn new(config: Config, kube: kube::Config) -> Result<Self> {
         let key = load_key(&config.token_key_file)?;
         let listener = TcpListener::bind(config.metrics_addr)
             .await
@@ -69,8 +71,12 @@ impl Controller {
         let identity = config.identity();
         let reporter =
             Reporter { controller: toolyard_api::CONTROLLER_MANAGER.to_owned(), instance: Some(identity.clone()) };
-        let recorder = Recorder::new(client.clone(), reporter);
         let metrics = Arc::new(Metrics::new());
+        let client = kube::client::ClientBuilder::try_from(kube)
+            .context("building the Kubernetes client")?
+            .with_layer(&client::CountRequests { requests: metrics.api_requests.clone() })
+            .build();
+        let recorder = Recorder::new(client.clone(), reporter);
         let shared = Arc::new(context::Shared::new(client, config, key, recorder, metrics));
         Ok(Self { shared, listener, identity })
     }
@@ -113,9 +119,9 @@ impl Controller {
     }
 }
 
-/// Runs a controller with `config` as `client` until `shutdown` is cancelled.
-pub async fn run(config: Config, client: kube::Client, shutdown: CancellationToken) -> Result<()> {
-    Controller::new(config, client).await?.run(shutdown).await
+/// Runs a controller with `config`, connected with `kube`, until `shutdown` is cancelled.
+pub async fn run(config: Config, kube: kube::Config, shutdown: CancellationToken) -> Result<()> {
+    Controller::new(config, kube).await?.run(shutdown).await
 }
 
 /// Reads the shared signing key. The error names the file, never its contents.

@@ -21,8 +21,8 @@ async fn main() -> Result<()> {
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
-    let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-    let stopped = toolyard_controller::run(config, client, shutdown).await;
+    let kube = kube::Config::infer().await.context("finding the Kubernetes API's address and credentials")?;
+    let stopped = toolyard_controller::run(config, kube, shutdown).await;
     telemetry.shutdown();
     stopped
 }

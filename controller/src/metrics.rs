@@ -8,6 +8,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::client::ApiRequestLabels;
+
 /// Labels with the resource kind only.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
@@ -52,6 +54,9 @@ pub struct Metrics {
     pub status_writes: Family<KindLabels, Counter>,
     /// 1 while this replica holds the leader Lease (or runs without leader election).
     pub leader: Gauge,
+    /// Requests this process sent to the apiserver, by verb, resource and code
+    /// ([`crate::client`]).
+    pub api_requests: Family<ApiRequestLabels, Counter>,
 }
 
 fn latency_histogram() -> Histogram {
@@ -85,6 +90,12 @@ impl Metrics {
         registry.register("status_writes", "Status subresource writes by kind", status_writes.clone());
         let leader = Gauge::default();
         registry.register("leader", "1 while this replica is the leader", leader.clone());
+        let api_requests = Family::<ApiRequestLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes apiserver by verb, resource and response code",
+            api_requests.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -94,6 +105,7 @@ impl Metrics {
             runs,
             status_writes,
             leader,
+            api_requests,
         }
     }
 

@@ -168,6 +168,17 @@ async fn toolcall_becomes_a_hardened_job_and_succeeds() {
     assert!(counted.is_ok(), "{succeeded} in {metrics}");
     assert!(metrics.contains("toolyard_controller_job_creation_latency_seconds_count{kind=\"ToolCall\"} 1"));
     assert!(metrics.contains("toolyard_controller_job_start_latency_seconds_count{kind=\"ToolCall\"} 1"));
+    // What the run cost the apiserver, as the controller's client counted it: one Job created,
+    // (by server-side apply: 201 when it creates), the status written at each transition, the
+    // ToolCalls watched.
+    let requests = |verb: &str, resource: &str, code: &str| {
+        let name = format!("toolyard_controller_api_requests_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(name.as_str())).and_then(|v| v.parse::<u64>().ok())
+    };
+    assert_eq!(requests("patch", "jobs", "201"), Some(1), "{metrics}");
+    let writes = requests("patch", "toolcalls/status", "200").unwrap_or_default();
+    assert!((3..=4).contains(&writes), "JobCreated, Running, Succeeded (and Pending): {writes} in {metrics}");
+    assert!(requests("watch", "toolcalls", "200").is_some_and(|n| n >= 1), "{metrics}");
     controller.stop().await;
 }
 

@@ -79,6 +79,27 @@ impl Local {
         assert_eq!(found.len(), 1, "one {prefix}* call folder: {found:?}");
         found.into_iter().next().expect("test setup")
     }
+
+    /// The events of the one call whose folder starts with `prefix`, once its log ends with
+    /// `call_finished`. That event comes after the answer, and a pooled call's whole folder is
+    /// stored after it too: both are waited for.
+    async fn finished_call_events(&self, prefix: &str) -> Vec<Value> {
+        for _ in 0..100 {
+            let folders: Vec<PathBuf> = self
+                .calls()
+                .into_iter()
+                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix)))
+                .collect();
+            if let [folder] = folders.as_slice() {
+                let events = call_events(folder);
+                if events.last().is_some_and(|e| e["type"] == "call_finished") {
+                    return events;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("no call_finished event for one {prefix}* call in {:?}", self.calls());
+    }
 }
 
 /// The events of the call in `folder`, in segment order (`events/000001.jsonl`, ...). A
@@ -92,19 +113,6 @@ fn call_events(folder: &Path) -> Vec<Value> {
         .iter()
         .flat_map(|s| read(s).lines().map(|l| serde_json::from_str(l).expect("an event line")).collect::<Vec<Value>>())
         .collect()
-}
-
-/// The events of the call in `folder` once its log ends with `call_finished` (appended after
-/// the answer).
-async fn finished_call_events(folder: &Path) -> Vec<Value> {
-    for _ in 0..100 {
-        let events = call_events(folder);
-        if events.last().is_some_and(|e| e["type"] == "call_finished") {
-            return events;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("no call_finished event in {}: {:?}", folder.display(), call_events(folder));
 }
 
 fn types_of(events: &[Value]) -> Vec<&str> {
@@ -261,7 +269,7 @@ async fn progress_reaches_the_client_and_each_call_logs_accepted_started_progres
         let last = progress.last().expect("progress");
         assert_eq!((last.progress, last.message.as_deref()), (1.0, Some("step 3 of 3")), "{tool}");
 
-        let events = finished_call_events(&local.call_folder(prefix)).await;
+        let events = local.finished_call_events(prefix).await;
         let types = types_of(&events);
         assert_eq!(types[..2], ["call_accepted", "call_started"], "{tool}: {events:?}");
         assert_eq!(types.last(), Some(&"call_finished"), "{tool}");
@@ -279,7 +287,7 @@ async fn progress_reaches_the_client_and_each_call_logs_accepted_started_progres
     // and a timed-out one says so.
     let hung = local.call("hang", json!({"seconds": 600})).await;
     assert_eq!(hung.is_error, Some(true));
-    let events = finished_call_events(&local.call_folder("hang-")).await;
+    let events = local.finished_call_events("hang-").await;
     assert_eq!(types_of(&events), ["call_accepted", "call_started", "call_finished"]);
     assert_eq!(events[2]["data"]["outcome"], "timed_out", "{events:?}");
     local.gateway.shutdown().await.unwrap();
@@ -311,8 +319,8 @@ async fn a_finished_call_is_deleted_with_its_files() {
     structured(&priced);
     let meta = priced.meta.clone().expect("_meta");
     let id = meta.0[toolyard_gateway::mcp::CALL_ID_META].as_str().expect("the call id").to_owned();
+    local.finished_call_events(&id).await;
     let folder = local.call_folder(&id);
-    finished_call_events(&folder).await;
     let deleted = structured(&local.call("delete_call", json!({"call_id": id})).await);
     assert_eq!(deleted["deleted"], true, "{deleted}");
     assert!(deleted["files"].as_u64().unwrap_or_default() >= 3, "input, result and events: {deleted}");
@@ -434,7 +442,7 @@ async fn calls_at_the_storage_quota_are_refused_until_something_is_deleted() {
     let second = local.call("price_option", ATM()).await;
     structured(&second);
     for r in [&first, &second] {
-        finished_call_events(&local.call_folder(&call_id(r))).await;
+        local.finished_call_events(&call_id(r)).await;
     }
     // A deletion measures again: the second call's files are over the 1-byte quota.
     structured(&local.call("delete_call", json!({"call_id": call_id(&first)})).await);

@@ -119,8 +119,7 @@ impl Replica {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let stop = shutdown.clone();
         let done = runtime.spawn(async move {
-            let client = Client::try_from(kube)?;
-            let controller = Controller::new(config, client).await?;
+            let controller = Controller::new(config, kube).await?;
             let _ = tx.send((controller.ops_addr(), controller.metrics(), controller.identity().to_owned()));
             controller.run(stop).await
         });
