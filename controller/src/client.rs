@@ -131,7 +131,10 @@ mod tests {
             of(Method::GET, calls, Some("resourceVersion=12&watch=true&timeoutSeconds=290")),
             ("watch", "toolcalls".into())
         );
-        assert_eq!(of(Method::GET, "/apis/toolyard.dev/v1alpha1/toolcalls", Some("watch=1")), ("watch", "toolcalls".into()));
+        assert_eq!(
+            of(Method::GET, "/apis/toolyard.dev/v1alpha1/toolcalls", Some("watch=1")),
+            ("watch", "toolcalls".into())
+        );
         assert_eq!(
             of(Method::PATCH, &format!("{calls}/price-option-0a1b2c3d4e5f/status"), Some("fieldManager=x&force=true")),
             ("patch", "toolcalls/status".into())

@@ -181,6 +181,10 @@ fn scope_controllers(
         reflected::<Job>(&client, &scope, Some(labels::TASK), trim_job);
     let (task_pods, task_pod_events, task_pods_listed) =
         reflected::<Pod>(&client, &scope, Some(labels::TASK), trim_pod);
+    // The runs themselves are cached without their managed fields too (a few kilobytes each,
+    // kept for every finished run until its retention ends).
+    let (calls, call_events, calls_listed) = reflected::<ToolCall>(&client, &scope, None, trim_meta);
+    let (tasks, task_events, tasks_listed) = reflected::<CodingTask>(&client, &scope, None, trim_meta);
 
     let synced = async move {
         for mut listed in [
@@ -192,6 +196,8 @@ fn scope_controllers(
             call_pods_listed,
             task_jobs_listed,
             task_pods_listed,
+            calls_listed,
+            tasks_listed,
         ] {
             // An error means the watch is gone (shutdown); readiness no longer matters then.
             let _ = listed.wait_for(|done| *done).await;
@@ -225,7 +231,7 @@ fn scope_controllers(
         shared: shared.clone(),
         stores: CallStores { run: RunStores { jobs: call_jobs, pods: call_pods }, tools },
     });
-    let call_controller = Controller::new(api::<ToolCall>(&client, &scope), watcher::Config::default())
+    let call_controller = Controller::for_stream(call_events, calls)
         .owns_stream(call_job_events)
         .watches_stream(call_pod_events, |pod| run_of::<ToolCall>(&pod, labels::CALL))
         .with_config(settings.clone())
@@ -237,7 +243,7 @@ fn scope_controllers(
         });
 
     let task_ctx = Arc::new(Context { shared, stores: RunStores { jobs: task_jobs, pods: task_pods } });
-    let task_controller = Controller::new(api::<CodingTask>(&client, &scope), watcher::Config::default())
+    let task_controller = Controller::for_stream(task_events, tasks)
         .owns_stream(task_job_events)
         .watches_stream(task_pod_events, |pod| run_of::<CodingTask>(&pod, labels::TASK))
         .with_config(settings)

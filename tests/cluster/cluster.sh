@@ -519,7 +519,11 @@ start() {
   # test sets (the controller's logic tests report pod outcomes that way).
   "$KUBECTL" --kubeconfig "$RUN/admin.kubeconfig" apply -f "$HERE/unscheduled-pods.yaml" >/dev/null
 
+  # Each of its controllers' clients may send 200 requests a second (default 20): a Job costs
+  # the Job controller about five (pod, finalizer, status), so the default held a stream of
+  # runs to about 4 a second (tests/benches/run_stream.rs); large clusters raise it likewise.
   start_bg kube-controller-manager "$BIN/kube-controller-manager" \
+    --kube-api-qps=200 --kube-api-burst=300 \
     --kubeconfig="$RUN/kcm.kubeconfig" --leader-elect=false --secure-port=0 \
     --use-service-account-credentials=true \
     --service-account-private-key-file="$RUN/pki/sa.key" --root-ca-file="$RUN/pki/ca.crt" \

@@ -172,7 +172,9 @@ async fn toolcall_becomes_a_hardened_job_and_succeeds() {
     // (by server-side apply: 201 when it creates), the status written at each transition, the
     // ToolCalls watched.
     let requests = |verb: &str, resource: &str, code: &str| {
-        let name = format!("toolyard_controller_api_requests_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} ");
+        let name = format!(
+            "toolyard_controller_api_requests_total{{verb=\"{verb}\",resource=\"{resource}\",code=\"{code}\"}} "
+        );
         metrics.lines().find_map(|l| l.strip_prefix(name.as_str())).and_then(|v| v.parse::<u64>().ok())
     };
     assert_eq!(requests("patch", "jobs", "201"), Some(1), "{metrics}");
