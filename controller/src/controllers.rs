@@ -30,6 +30,7 @@ use crate::context::{Context, Shared};
 use crate::labels;
 use crate::mcpserver::{self, ServerStores};
 use crate::mcptool::{self, ToolStores};
+use crate::pod_index::PodsByRun;
 use crate::run::RunStores;
 use crate::toolcall::{self, CallStores};
 
@@ -81,6 +82,7 @@ fn reflected<K>(
     scope: &Scope,
     labels: Option<&str>,
     trim: fn(&mut K),
+    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static, watch::Receiver<bool>)
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
@@ -100,6 +102,11 @@ where
     let stream = watcher(api::<K>(client, scope), config)
         .default_backoff()
         .modify(trim)
+        .inspect(move |event| {
+            if let Ok(event) = event {
+                observe(event);
+            }
+        })
         .reflect(writer)
         .inspect(move |event| {
             if matches!(event, Ok(watcher::Event::InitDone)) {
@@ -159,32 +166,40 @@ fn scope_controllers(
         async move { token.cancelled().await }
     };
 
-    let (tools, tool_events, tools_listed) = reflected::<McpTool>(&client, &scope, None, trim_meta);
+    let (tools, tool_events, tools_listed) = reflected::<McpTool>(&client, &scope, None, trim_meta, |_| {});
     let (deployments, deployment_events, deployments_listed) = reflected::<Deployment>(
         &client,
         &scope,
         Some(&format!("{}={}", labels::COMPONENT, labels::COMPONENT_POOL)),
         trim_meta,
+        |_| {},
     );
-    let (servers, server_events, servers_listed) = reflected::<McpServer>(&client, &scope, None, trim_meta);
+    let (servers, server_events, servers_listed) = reflected::<McpServer>(&client, &scope, None, trim_meta, |_| {});
     let (server_deployments, server_deployment_events, server_deployments_listed) = reflected::<Deployment>(
         &client,
         &scope,
         Some(&format!("{}={}", labels::COMPONENT, labels::COMPONENT_MCP_SERVER)),
         trim_meta,
+        |_| {},
     );
     let (call_jobs, call_job_events, call_jobs_listed) =
-        reflected::<Job>(&client, &scope, Some(labels::CALL), trim_job);
-    let (call_pods, call_pod_events, call_pods_listed) =
-        reflected::<Pod>(&client, &scope, Some(labels::CALL), trim_pod);
+        reflected::<Job>(&client, &scope, Some(labels::CALL), trim_job, |_| {});
+    let call_pods_by_run = PodsByRun::new(labels::CALL);
+    let (call_pods, call_pod_events, call_pods_listed) = {
+        let index = call_pods_by_run.clone();
+        reflected::<Pod>(&client, &scope, Some(labels::CALL), trim_pod, move |e| index.apply(e))
+    };
     let (task_jobs, task_job_events, task_jobs_listed) =
-        reflected::<Job>(&client, &scope, Some(labels::TASK), trim_job);
-    let (task_pods, task_pod_events, task_pods_listed) =
-        reflected::<Pod>(&client, &scope, Some(labels::TASK), trim_pod);
+        reflected::<Job>(&client, &scope, Some(labels::TASK), trim_job, |_| {});
+    let task_pods_by_run = PodsByRun::new(labels::TASK);
+    let (task_pods, task_pod_events, task_pods_listed) = {
+        let index = task_pods_by_run.clone();
+        reflected::<Pod>(&client, &scope, Some(labels::TASK), trim_pod, move |e| index.apply(e))
+    };
     // The runs themselves are cached without their managed fields too (a few kilobytes each,
     // kept for every finished run until its retention ends).
-    let (calls, call_events, calls_listed) = reflected::<ToolCall>(&client, &scope, None, trim_meta);
-    let (tasks, task_events, tasks_listed) = reflected::<CodingTask>(&client, &scope, None, trim_meta);
+    let (calls, call_events, calls_listed) = reflected::<ToolCall>(&client, &scope, None, trim_meta, |_| {});
+    let (tasks, task_events, tasks_listed) = reflected::<CodingTask>(&client, &scope, None, trim_meta, |_| {});
 
     let synced = async move {
         for mut listed in [
@@ -229,7 +244,10 @@ fn scope_controllers(
 
     let call_ctx = Arc::new(Context {
         shared: shared.clone(),
-        stores: CallStores { run: RunStores { jobs: call_jobs, pods: call_pods }, tools },
+        stores: CallStores {
+            run: RunStores { jobs: call_jobs, pods: call_pods, pods_by_run: call_pods_by_run },
+            tools,
+        },
     });
     let call_controller = Controller::for_stream(call_events, calls)
         .owns_stream(call_job_events)
@@ -242,7 +260,10 @@ fn scope_controllers(
             ready(())
         });
 
-    let task_ctx = Arc::new(Context { shared, stores: RunStores { jobs: task_jobs, pods: task_pods } });
+    let task_ctx = Arc::new(Context {
+        shared,
+        stores: RunStores { jobs: task_jobs, pods: task_pods, pods_by_run: task_pods_by_run },
+    });
     let task_controller = Controller::for_stream(task_events, tasks)
         .owns_stream(task_job_events)
         .watches_stream(task_pod_events, |pod| run_of::<CodingTask>(&pod, labels::TASK))

@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod ops;
 pub mod outcome;
 pub mod pod;
+pub mod pod_index;
 pub mod run;
 pub mod toolcall;
 pub mod workload;

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -370,6 +371,8 @@ pub struct RunStores {
     pub jobs: Store<Job>,
     /// Their pods.
     pub pods: Store<Pod>,
+    /// The pods' names by run.
+    pub pods_by_run: crate::pod_index::PodsByRun,
 }
 
 /// One reconcile pass over one run.
@@ -557,13 +560,14 @@ impl<'a, K: Run> RunCtx<'a, K> {
         let noun = K::RUN.noun();
         let generation = self.obj.meta().generation;
         let uid = job.metadata.uid.clone().unwrap_or_default();
-        let pods = stores.pods.state();
-        let pod = outcome::newest(
-            pods.iter()
-                .map(|p| p.as_ref())
-                .filter(|p| p.metadata.namespace.as_deref() == Some(self.ns.as_str()))
-                .filter(|p| p.labels().get(JOB_UID_LABEL) == Some(&uid)),
-        );
+        let pods: Vec<Arc<Pod>> = stores
+            .pods_by_run
+            .pods_of(&self.ns, &self.name)
+            .iter()
+            .filter_map(|name| stores.pods.get(&ObjectRef::new(name).within(&self.ns)))
+            .collect();
+        let pod =
+            outcome::newest(pods.iter().map(|p| p.as_ref()).filter(|p| p.labels().get(JOB_UID_LABEL) == Some(&uid)));
         let observed = outcome::observe(job, pod, K::RUN.container(), noun, self.now, &shared.config.timing.graces());
         let (phase, recheck) = match observed {
             Observed::Finished(finish) => return self.finish(shared, finish).await,
