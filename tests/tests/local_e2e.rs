@@ -24,10 +24,29 @@ use toolyard_tests::local::{self, TempDir};
 
 const TOKEN: &str = "ty_local-e2e-test-token-0001";
 
+/// The local mode, a connected client and the local mode's folder. Dropping it shuts the
+/// gateway down gracefully first (the pool calls' files and the `call_finished` events are
+/// written after the answers, and shutting down waits for them), so nothing is written into
+/// the folder after it is removed.
 struct Local {
-    gateway: LocalGateway,
+    gateway: Option<LocalGateway>,
     client: RunningService<RoleClient, ClientConfig>,
-    _data: TempDir,
+    data: Option<TempDir>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        if let Some(gateway) = self.gateway.take() {
+            // Every test here runs on a multi-threaded runtime.
+            let stopped =
+                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(gateway.shutdown()));
+            if let Err(e) = stopped
+                && !std::thread::panicking()
+            {
+                panic!("the local mode did not shut down cleanly: {e:#}");
+            }
+        }
+    }
 }
 
 impl Local {
@@ -51,7 +70,18 @@ impl Local {
             .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
             .await
             .expect("MCP client connects");
-        Self { gateway, client, _data: data }
+        Self { gateway: Some(gateway), client, data: Some(data) }
+    }
+
+    fn gateway(&self) -> &LocalGateway {
+        self.gateway.as_ref().expect("running until dropped")
+    }
+
+    /// Shuts the gateway down, checks it stopped cleanly, and hands over its folder.
+    async fn stop(mut self) -> TempDir {
+        let gateway = self.gateway.take().expect("running until stopped");
+        gateway.shutdown().await.expect("the local mode shuts down cleanly");
+        self.data.take().expect("the folder stays until the end")
     }
 
     async fn call(&self, tool: &str, arguments: Value) -> CallToolResult {
@@ -63,7 +93,7 @@ impl Local {
     /// The call folders of the local user, by name.
     fn calls(&self) -> Vec<PathBuf> {
         let owner = OwnerKey::derive("apikey", "local");
-        let dir = self.gateway.data_dir.join("owners").join(owner.as_str()).join("calls");
+        let dir = self.gateway().data_dir.join("owners").join(owner.as_str()).join("calls");
         let mut calls: Vec<PathBuf> =
             std::fs::read_dir(dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
         calls.sort();
@@ -171,7 +201,7 @@ async fn pricing_tools_price_greeks_and_quotes_in_both_modes() {
     let stored: CallResult = serde_json::from_str(&read(&folder.join("result.json"))).unwrap();
     assert_eq!(stored.value.as_ref(), Some(&price));
     assert_eq!(serde_json::from_str::<Value>(&read(&folder.join("input.json"))).unwrap(), ATM());
-    local.gateway.shutdown().await.unwrap();
+    local.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,7 +216,7 @@ async fn invalid_arguments_get_a_clear_error_and_nothing_runs() {
     let pooled = local.call("get_quote", json!({"symbol": 5})).await;
     assert_eq!(pooled.is_error, Some(true));
     assert_eq!(local.calls(), before);
-    local.gateway.shutdown().await.unwrap();
+    local.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -229,10 +259,9 @@ async fn misbehaving_tools_fail_cleanly() {
         json!({"value": echoed.clone()})
     );
     // A pool call's files are written after its answer; shutting down waits for them.
-    let Local { gateway, client, _data } = local;
-    let calls = gateway.data_dir.join("owners").join(OwnerKey::derive("apikey", "local").as_str()).join("calls");
-    gateway.shutdown().await.unwrap();
-    drop(client);
+    let calls =
+        local.gateway().data_dir.join("owners").join(OwnerKey::derive("apikey", "local").as_str()).join("calls");
+    let _data = local.stop().await;
     let pooled: Vec<_> = std::fs::read_dir(&calls)
         .expect("calls folder")
         .map(|e| e.expect("entry").path())
@@ -248,7 +277,7 @@ async fn misbehaving_tools_fail_cleanly() {
 async fn progress_reaches_the_client_and_each_call_logs_accepted_started_progress_finished() {
     let local = Local::start("tests/fixtures/misbehaving").await;
     // An rmcp client sends a progress token with every request and records the notifications.
-    let client = coding_support::connect(&local.gateway.mcp_url(), TOKEN, false).await;
+    let client = coding_support::connect(&local.gateway().mcp_url(), TOKEN, false).await;
     for (tool, prefix) in [("steps", "steps-"), ("steps_pool", "steps-pool-")] {
         client.service().progress.lock().expect("lock").clear();
         let result = coding_support::call(&client, tool, json!({"n": 3, "pause": 0.6})).await;
@@ -290,7 +319,7 @@ async fn progress_reaches_the_client_and_each_call_logs_accepted_started_progres
     let events = local.finished_call_events("hang-").await;
     assert_eq!(types_of(&events), ["call_accepted", "call_started", "call_finished"]);
     assert_eq!(events[2]["data"]["outcome"], "timed_out", "{events:?}");
-    local.gateway.shutdown().await.unwrap();
+    local.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,7 +336,7 @@ async fn a_hanging_tool_times_out_at_its_deadline_and_its_process_group_is_gone(
     let (pid, child) = local::hang_pids(&stderr).unwrap_or_else(|| panic!("no pids in {stderr}"));
     assert!(!local::pid_alive(pid), "the tool process {pid} still runs");
     assert!(!local::pid_alive(child), "the tool's child process {child} still runs");
-    local.gateway.shutdown().await.unwrap();
+    local.stop().await;
 }
 
 /// A finished call's files are deleted by its owner with `delete_call`, named by the id in the
@@ -420,7 +449,7 @@ async fn a_full_warm_pool_queues_then_refuses_and_counts_the_refusal() {
         let answered = answered.expect("tools/call");
         assert_ne!(answered.is_error, Some(true), "{}", text_of(&answered));
     }
-    let metrics = local.gateway.metrics_addr.expect("the metrics listener");
+    let metrics = local.gateway().metrics_addr.expect("the metrics listener");
     let text = reqwest::get(format!("http://{metrics}/metrics")).await.expect("metrics").text().await.expect("text");
     assert!(text.contains("toolyard_gateway_admission_rejections_total{reason=\"pool_busy\"} 1"), "{text}");
 }
