@@ -7,8 +7,8 @@
 //! ```
 //!
 //! `TOOLYARD_BENCH_CALLS` (default 10000) ToolCalls of a Job-mode tool are created at a steady
-//! `TOOLYARD_BENCH_RATE` per second (default 20), not in one burst; then the same at a
-//! hundredth of the size, first, as the baseline of the same run. Each size gets a namespace
+//! `TOOLYARD_BENCH_RATE` per second (default 20), not in one burst; before them, a hundredth as
+//! many at the same rate, the baseline of the same run. Each size gets a namespace
 //! of its own and a `toolyard-controller` process of its own (the release build, leader
 //! election off, watching that namespace), whose CPU time and resident memory are read from
 //! `/proc` and whose apiserver requests are read from its own client metrics
