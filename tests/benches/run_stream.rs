@@ -465,13 +465,7 @@ async fn phase_in(client: &kube::Client, ns: &str, calls: usize, rate: f64, run:
             let mut last_print = Instant::now() - Duration::from_secs(60);
             loop {
                 tick.tick().await;
-                let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
-                let rss = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                    .unwrap_or_default()
-                    * 1024;
+                let rss = procs::rss_bytes(pid);
                 let mut peak = peak_rss.lock().expect("lock");
                 *peak = (*peak).max(rss);
                 if last_print.elapsed() >= Duration::from_secs(60) {
@@ -545,7 +539,8 @@ async fn phase_in(client: &kube::Client, ns: &str, calls: usize, rate: f64, run:
     );
     println!("  apiserver requests per run: {}", show(&stream_requests, calls as f64));
 
-    // Restart with every ToolCall present.
+    // Restart with every ToolCall present (the peak memory is the first process's).
+    sampler.abort();
     let restart_objects = {
         let s = lock(&seen);
         s.created.len() - s.deleted.len()
@@ -587,7 +582,6 @@ async fn phase_in(client: &kube::Client, ns: &str, calls: usize, rate: f64, run:
     while lock(&seen).deleted.len() < calls && Instant::now() < window_end {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    sampler.abort();
     let final_metrics = controller.metrics(&http).await?;
     controller.stop()?;
     for w in watches {
