@@ -62,5 +62,25 @@ async fn the_conformance_suite_passes_but_for_the_named_scenarios() {
     let (code, out, err) = tokio::task::block_in_place(|| {
         conformance(&url, output.path(), &["--suite", "active", "--expected-failures", &baseline])
     });
-    assert_eq!(code, 0, "the conformance suite failed beyond its expected failures:\n{out}\n{err}");
+    assert_eq!(
+        code,
+        0,
+        "the conformance suite failed beyond its expected failures:\n{out}\n{err}\nchecks that failed:\n{}",
+        failed_checks(output.path())
+    );
+}
+
+/// The checks the suite recorded as failed (each scenario's `checks.json`, with its details),
+/// one per line: the summary names only the scenario.
+fn failed_checks(results: &std::path::Path) -> String {
+    let mut lines = Vec::new();
+    for scenario in std::fs::read_dir(results).into_iter().flatten().flatten() {
+        let Ok(text) = std::fs::read_to_string(scenario.path().join("checks.json")) else { continue };
+        let Ok(serde_json::Value::Array(checks)) = serde_json::from_str(&text) else { continue };
+        for check in checks.iter().filter(|c| c["status"] == "FAILURE") {
+            lines.push(format!("{}: {check}", scenario.file_name().to_string_lossy()));
+        }
+    }
+    lines.sort();
+    lines.join("\n")
 }

@@ -73,23 +73,36 @@ impl std::fmt::Debug for dyn ProgressSink {
     }
 }
 
-/// Passes the reports `reports` gets on to `sink`, only those whose fraction grew past
-/// `*reported` (MCP progress must increase). Never ends: the call's end stops it.
-async fn relay_progress(
-    reports: &mut tokio::sync::watch::Receiver<Option<Progress>>,
+/// Awaits `execution` while passing the reports `reports` gets on to `sink`, only those whose
+/// fraction grew (MCP progress must increase), then the last one if the call ended before it
+/// was passed on. A report being sent is never cut short by the call's end: it would be lost,
+/// and the call's result would go out without it.
+async fn relay_progress<T>(
+    execution: impl Future<Output = T>,
+    mut reports: tokio::sync::watch::Receiver<Option<Progress>>,
     sink: &dyn ProgressSink,
-    reported: &mut f64,
-) -> std::convert::Infallible {
-    loop {
-        if reports.changed().await.is_err() {
-            return std::future::pending().await;
+) -> T {
+    let mut reported = f64::NEG_INFINITY;
+    let mut execution = std::pin::pin!(execution);
+    let mut open = true;
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut execution => break outcome,
+            changed = reports.changed(), if open => {
+                open = changed.is_ok();
+                let latest = reports.borrow_and_update().clone();
+                if let Some(progress) = latest.filter(|p| p.fraction > reported) {
+                    reported = progress.fraction;
+                    sink.report(&progress).await;
+                }
+            }
         }
-        let latest = reports.borrow_and_update().clone();
-        if let Some(progress) = latest.filter(|p| p.fraction > *reported) {
-            *reported = progress.fraction;
-            sink.report(&progress).await;
-        }
+    };
+    let last = reports.borrow().clone();
+    if let Some(progress) = last.filter(|p| p.fraction > reported) {
+        sink.report(&progress).await;
     }
+    outcome
 }
 
 /// A call that ran: its id and the runner protocol's result (which may be a tool error).
@@ -282,19 +295,7 @@ impl Calls {
         let executor = tool.upstream.as_ref().map_or(&self.executor, |u| &u.executor);
         let execution = executor.call(request).instrument(execute);
         let outcome = match relay {
-            Some((mut reports, sink)) => {
-                let mut reported = f64::NEG_INFINITY;
-                let outcome = tokio::select! {
-                    outcome = execution => outcome,
-                    never = relay_progress(&mut reports, sink.as_ref(), &mut reported) => match never {},
-                };
-                // The last report, when the call ended before it was passed on.
-                let last = reports.borrow().clone();
-                if let Some(progress) = last.filter(|p| p.fraction > reported) {
-                    sink.report(&progress).await;
-                }
-                outcome
-            }
+            Some((reports, sink)) => relay_progress(execution, reports, sink.as_ref()).await,
             None => execution.await,
         };
         self.metrics.calls_in_flight().dec();
@@ -336,5 +337,59 @@ impl Calls {
             ),
             Err(e) => tracing::error!(error = %e, "call failed in the platform"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// Records each report; each takes a while to send, and says when it starts.
+    struct SlowSink {
+        sent: Mutex<Vec<f64>>,
+        started: tokio::sync::Notify,
+    }
+
+    #[async_trait::async_trait]
+    impl ProgressSink for SlowSink {
+        async fn report(&self, progress: &Progress) {
+            self.started.notify_one();
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            self.sent.lock().unwrap().push(progress.fraction);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_report_being_sent_when_the_call_ends_is_sent_and_the_last_follows() {
+        let sink = SlowSink { sent: Mutex::default(), started: tokio::sync::Notify::new() };
+        let (sender, reports) = tokio::sync::watch::channel(None);
+        let execution = async {
+            sender.send_replace(Some(Progress { fraction: 0.5, message: None }));
+            // The call ends while 0.5 is being sent, after its last report.
+            sink.started.notified().await;
+            sender.send_replace(Some(Progress { fraction: 1.0, message: None }));
+            "answer"
+        };
+        let outcome = relay_progress(execution, reports, &sink).await;
+        assert_eq!(outcome, "answer");
+        assert_eq!(*sink.sent.lock().unwrap(), [0.5, 1.0], "no report lost, none repeated");
+    }
+
+    #[tokio::test]
+    async fn reports_that_do_not_grow_are_not_passed_on() {
+        let sink = SlowSink { sent: Mutex::default(), started: tokio::sync::Notify::new() };
+        let (sender, reports) = tokio::sync::watch::channel(None);
+        let execution = async {
+            for fraction in [0.2, 0.1, 0.2, 0.6] {
+                sender.send_replace(Some(Progress { fraction, message: None }));
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            drop(sender);
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        relay_progress(execution, reports, &sink).await;
+        assert_eq!(*sink.sent.lock().unwrap(), [0.2, 0.6]);
     }
 }
