@@ -1,6 +1,6 @@
 //! The embedded local mode's HTTP surface with raw requests, as a browser or a misbehaving
 //! client sends them: `toolyard_gateway::local::start` on loopback with the real runner binary
-//! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed;
+//! and a shell tool (no cluster, no Python). Browser `Origin`s are refused unless listed (or the gateway's own loopback origin);
 //! a `tools/call` whose params do not fit gets invalid params (-32602); a body sent too slowly
 //! is cut off with 408 and frees its user's request slot; the data folder is the user's alone;
 //! `/metrics` is served only on its own opt-in listener.
@@ -103,11 +103,18 @@ async fn browser_origins_are_refused_unless_listed() {
 
     let (status, body) = post(&url, &list(), &[]).await;
     assert_eq!(status, 200, "a request without Origin (a non-browser client) passes: {body}");
-    for origin in ["http://evil.example", "http://localhost:6274", "null", &format!("http://{}", gateway.addr)] {
+    let other_name = format!("http://localhost:{}", gateway.addr.port());
+    for origin in ["http://evil.example", "http://localhost:6274", "null", &other_name] {
         for request in [list(), call_echo()] {
             let (status, body) = post(&url, &request, &[("origin", origin)]).await;
             assert_eq!(status, 403, "Origin {origin} is not listed: {request} -> {body}");
         }
+    }
+    // The gateway's own origin (the loopback Host the request was sent to) is not cross-origin.
+    let own = format!("http://{}", gateway.addr);
+    for request in [list(), call_echo()] {
+        let (status, body) = post(&url, &request, &[("origin", &own)]).await;
+        assert_eq!(status, 200, "the gateway's own origin {own} passes: {request} -> {body}");
     }
     gateway.shutdown().await.expect("shutdown");
 

@@ -95,7 +95,8 @@ impl McpService {
     /// Serves a POST whose body has been read (and size-checked) already. A
     /// `notifications/cancelled` is acted on here: the stateless transport drops
     /// notifications, and the call it names may run on any replica (see [`cancel`]).
-    pub async fn post(&self, parts: http::request::Parts, body: Bytes) -> Response<Body> {
+    pub async fn post(&self, mut parts: http::request::Parts, body: Bytes) -> Response<Body> {
+        same_origin(&mut parts.headers);
         if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
             return direct.serve(&self.handler, parts, &self.stop).await;
         }
@@ -108,8 +109,18 @@ impl McpService {
     }
 
     /// Serves any other request (GET, DELETE, ...: rmcp answers them).
-    pub async fn other(&self, request: Request<Body>) -> Response<Body> {
+    pub async fn other(&self, mut request: Request<Body>) -> Response<Body> {
+        same_origin(request.headers_mut());
         self.rmcp.handle(request).await.map(Body::new)
+    }
+}
+
+/// Drops an `Origin` that is the gateway's own loopback origin
+/// ([`crate::hosts::is_own_loopback_origin`]): the request is same-origin, and is served as
+/// one without `Origin`. Every other `Origin` is checked against the allowed list.
+fn same_origin(headers: &mut http::HeaderMap) {
+    if crate::hosts::is_own_loopback_origin(headers) {
+        headers.remove(http::header::ORIGIN);
     }
 }
 
@@ -117,7 +128,8 @@ impl McpService {
 /// in JSON where the client allows it, and checks hosts and origins from the settings and the
 /// body cap from the limits. Origins are always checked: a request with an `Origin` that is
 /// not listed (every `Origin` when the list is empty) gets 403, as the Streamable HTTP
-/// transport requires; requests without one (non-browser clients) pass. `cancel` ends every stream and every waiting request when fired;
+/// transport requires; requests without one (non-browser clients) and those from the
+/// gateway's own loopback origin pass. `cancel` ends every stream and every waiting request when fired;
 /// the server fires it only after the shutdown grace period, so in-flight calls can finish.
 pub fn service(state: AppState, cancel: CancellationToken) -> McpService {
     let settings = state.settings.clone();
