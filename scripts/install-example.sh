@@ -32,7 +32,7 @@ step "helm install toolyard"
 "$HELM" upgrade --install toolyard charts/toolyard -n toolyard -f examples/kind/values.yaml --wait --timeout 5m
 
 step "the pricing tools in team-a"
-"$KUBECTL" -n team-a apply -f examples/pricing/tools.yaml
+"$KUBECTL" -n team-a apply -f examples/pricing/tools.yaml -f examples/pricing/prompts.yaml
 "$KUBECTL" -n team-a wait --for=condition=Ready mcptools --all --timeout=180s
 
 step "a caller: ServiceAccount team-a/quant with the chart's tool-caller role"

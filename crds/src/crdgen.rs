@@ -4,7 +4,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{CodingTask, McpServer, McpTool, ToolCall};
+use crate::{CodingTask, McpPrompt, McpServer, McpTool, ToolCall};
 
 /// The Helm chart's copy of the CRDs, relative to the `crds/` crate directory.
 pub const CHART_CRDS_DIR: &str = "../charts/toolyard/crds";
@@ -14,6 +14,7 @@ pub fn all() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![
         ("mcptools.yaml", McpTool::crd()),
         ("mcpservers.yaml", McpServer::crd()),
+        ("mcpprompts.yaml", McpPrompt::crd()),
         ("toolcalls.yaml", ToolCall::crd()),
         ("codingtasks.yaml", CodingTask::crd()),
     ]

@@ -1,4 +1,4 @@
-//! Toolyard's API: the custom resources (`McpTool`, `McpServer`, `ToolCall`, `CodingTask`), their condition
+//! Toolyard's API: the custom resources (`McpTool`, `McpServer`, `McpPrompt`, `ToolCall`, `CodingTask`), their condition
 //! vocabulary, the runner protocol, the storage key layout and the scoped runner tokens.
 //!
 //! This crate is plain data and pure functions. It depends on no other Toolyard crate and
@@ -9,6 +9,7 @@ pub mod codingtask;
 pub mod common;
 pub mod conditions;
 pub mod crdgen;
+pub mod mcpprompt;
 pub mod mcpserver;
 pub mod mcptool;
 pub mod owner;
@@ -19,6 +20,7 @@ pub mod toolcall;
 
 pub use codingtask::{CodingTask, CodingTaskSpec, CodingTaskStatus};
 pub use common::{Owner, SecretKeyRef};
+pub use mcpprompt::{McpPrompt, McpPromptSpec};
 pub use mcpserver::{McpServer, McpServerSpec, McpServerStatus};
 pub use mcptool::{McpTool, McpToolSpec, McpToolStatus};
 pub use owner::OwnerKey;

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use toolyard_api::{CodingTask, McpTool, ToolCall};
+use toolyard_api::{CodingTask, McpPrompt, McpTool, ToolCall};
 
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -54,6 +54,7 @@ fn valid_fixtures_deserialize_into_the_types() {
         let kind = value["kind"].as_str().expect("kind");
         let result = match kind {
             "McpTool" => serde_json::from_value::<McpTool>(value).map(drop),
+            "McpPrompt" => serde_json::from_value::<McpPrompt>(value).map(drop),
             "ToolCall" => serde_json::from_value::<ToolCall>(value).map(drop),
             "CodingTask" => serde_json::from_value::<CodingTask>(value).map(drop),
             other => panic!("{}: unexpected kind {other}", path.display()),

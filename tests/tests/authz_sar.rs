@@ -268,6 +268,7 @@ async fn upstream_tools_are_granted_by_server_or_by_server_and_tool() {
     let summary = toolyard_gateway::catalog::Prompt {
         namespace: ns.clone(),
         object_name: "market-data".into(),
+        declared: false,
         name: "market_data_summary".into(),
         upstream_name: "summary".into(),
         toolset: None,

@@ -412,6 +412,8 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
         (&served, "watch", "toolyard.dev", "mcpservers", "", true),
         (&served, "patch", "toolyard.dev", "mcpservers/status", "", true),
         (&served, "patch", "toolyard.dev", "mcpservers", "", false),
+        (&served, "watch", "toolyard.dev", "mcpprompts", "", true),
+        (&served, "patch", "toolyard.dev", "mcpprompts", "", false),
         (&release_ns, "get", "", "secrets", "toolyard-api-keys", true),
         (&String::new(), "create", "authentication.k8s.io", "tokenreviews", "", true),
         (&String::new(), "create", "authorization.k8s.io", "subjectaccessreviews", "", true),

@@ -105,3 +105,125 @@ async fn listed_tools_equal_callable_tools_for_every_kind_of_grant() {
         client.cancel().await.ok();
     }
 }
+
+/// An McpPrompt `name` in `ns`.
+async fn create_prompt(ns: &str, name: &str, spec: serde_json::Value) {
+    let env = TestEnv::get();
+    let api: kube::Api<toolyard_api::McpPrompt> = kube::Api::namespaced(env.client(User::Admin).await, ns);
+    let prompt: toolyard_api::McpPrompt = serde_json::from_value(json!({
+        "apiVersion": "toolyard.dev/v1alpha1", "kind": "McpPrompt",
+        "metadata": {"name": name, "namespace": ns}, "spec": spec,
+    }))
+    .expect("McpPrompt");
+    api.create(&kube::api::PostParams::default(), &prompt).await.expect("create McpPrompt");
+}
+
+/// The prompts `client` lists, sorted.
+async fn listed_prompts(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>,
+) -> Vec<String> {
+    let mut names: Vec<String> =
+        client.list_all_prompts().await.expect("prompts/list").into_iter().map(|p| p.name).collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn declared_prompts_are_listed_and_got_by_whoever_may_call_them() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwprompts").await.expect("namespace");
+    grant_platform(&ns).await;
+    create_prompt(
+        &ns,
+        "price-check",
+        json!({
+            "title": "Price check",
+            "description": "Prices an option.",
+            "arguments": [{"name": "ticker", "required": true, "values": ["AAPL", "MSFT", "MSTR"]}],
+            "messages": [{"role": "user", "text": "Price a call on {{ticker}}."}],
+        }),
+    )
+    .await;
+    create_prompt(
+        &ns,
+        "risk-summary",
+        json!({"description": "Summarizes risk.", "messages": [{"role": "user", "text": "Summarize."}]}),
+    )
+    .await;
+    // A placeholder naming no argument: refused by the gateway, so served to nobody.
+    create_prompt(&ns, "broken", json!({"description": "d", "messages": [{"role": "user", "text": "{{missing}}"}]}))
+        .await;
+    // alice: price-check only; bob: every McpPrompt of the namespace.
+    let rule = |names: Option<Vec<String>>| PolicyRule {
+        api_groups: Some(vec!["toolyard.dev".into()]),
+        resources: Some(vec!["mcpprompts".into()]),
+        resource_names: names,
+        verbs: vec!["call".into()],
+        ..Default::default()
+    };
+    let user = |name: &str| Subject {
+        kind: "User".into(),
+        name: name.into(),
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        namespace: None,
+    };
+    gateway_support::apply_role(&ns, "prompt-alice", vec![rule(Some(vec!["price-check".into()]))], vec![user("alice")])
+        .await;
+    gateway_support::apply_role(&ns, "prompt-bob", vec![rule(None)], vec![user("bob")]).await;
+    wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpprompts", "call", Some("price-check")).await;
+    wait_allowed("bob", &[], &ns, "toolyard.dev", "mcpprompts", "call", None).await;
+
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let alice = gw.client(User::Alice).await;
+    let bob = gw.client(User::Bob).await;
+    assert_eq!(listed_prompts(&alice).await, ["price-check"]);
+    assert_eq!(listed_prompts(&bob).await, ["price-check", "risk-summary"], "a broken prompt is served to nobody");
+
+    let get = |name: &str, ticker: Option<&str>| {
+        let mut request = rmcp::model::GetPromptRequestParams::new(name.to_owned());
+        if let Some(ticker) = ticker {
+            request.arguments = Some(json!({"ticker": ticker}).as_object().unwrap().clone());
+        }
+        request
+    };
+    let got = alice.get_prompt(get("price-check", Some("MSFT"))).await.expect("prompts/get");
+    assert_eq!(
+        serde_json::to_value(&got.messages).unwrap(),
+        json!([{"role": "user", "content": {"type": "text", "text": "Price a call on MSFT."}}])
+    );
+    for (name, ticker, expect) in [
+        ("price-check", Some("IBM"), "argument \"ticker\" must be one of: AAPL, MSFT, MSTR".to_owned()),
+        ("price-check", None, "missing required arguments: ticker".to_owned()),
+        // Not granted and not existing look the same.
+        ("risk-summary", None, "Unknown prompt: \"risk-summary\"".to_owned()),
+        ("no-such-prompt", None, "Unknown prompt: \"no-such-prompt\"".to_owned()),
+    ] {
+        match alice.get_prompt(get(name, ticker)).await {
+            Err(rmcp::ServiceError::McpError(e)) => {
+                assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS, "{name}");
+                assert_eq!(e.message, expect, "{name}");
+            }
+            other => panic!("{name} {ticker:?}: {other:?}"),
+        }
+    }
+    let completion = alice
+        .complete(rmcp::model::CompleteRequestParams::new(
+            rmcp::model::Reference::for_prompt("price-check"),
+            rmcp::model::ArgumentInfo::new("ticker", "ms"),
+        ))
+        .await
+        .expect("completion/complete");
+    assert_eq!(completion.completion.values, ["MSFT", "MSTR"]);
+
+    // The watch follows deletions.
+    let api: kube::Api<toolyard_api::McpPrompt> = kube::Api::namespaced(env.client(User::Admin).await, &ns);
+    api.delete("risk-summary", &Default::default()).await.expect("delete");
+    toolyard_tests::wait_until(std::time::Duration::from_secs(10), "the deleted prompt goes", || async {
+        Ok(listed_prompts(&bob).await == ["price-check"])
+    })
+    .await
+    .expect("prompt removed");
+    alice.cancel().await.ok();
+    bob.cancel().await.ok();
+}

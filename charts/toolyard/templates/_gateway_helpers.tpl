@@ -7,7 +7,7 @@
 {{- end }}
 
 {{/*
-What the gateway may do in a namespace it serves: read McpTools and McpServers, create and
+What the gateway may do in a namespace it serves: read McpTools, McpServers and McpPrompts, create and
 follow the runs it starts for callers, record results in their status and its own
 connection in McpServers' status. It reads no Secret of the namespace but those listed in
 gateway.upstreamCredentialSecrets (and sends one to a server only if it is labelled for
@@ -15,7 +15,7 @@ it), and never touches Jobs or pods.
 */}}
 {{- define "toolyard.gateway.rules" -}}
 - apiGroups: ["toolyard.dev"]
-  resources: ["mcptools", "mcpservers"]
+  resources: ["mcptools", "mcpservers", "mcpprompts"]
   verbs: ["get", "list", "watch"]
 - apiGroups: ["toolyard.dev"]
   resources: ["mcpservers/status"]

@@ -1,4 +1,4 @@
-//! Checks of a folder of McpTool manifests: each is valid as the API server checks it (the
+//! Checks of a folder of McpTool (and McpPrompt) manifests: each is valid as the API server checks it (the
 //! local mode's own loader), and each `toolyard.run` function imports and still matches
 //! its schemas (`python -m toolyard.verify`, run exactly as the local mode runs the tool).
 
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
+use toolyard_gateway::catalog::ToolCatalog;
 use toolyard_gateway::catalog::local::LocalCatalog;
 use toolyard_gateway::executor::local::{Launch, LaunchSettings, gateway_only_env};
 use toolyard_gateway::local::setup;
@@ -35,9 +36,10 @@ pub async fn check(dir: &Path, python: Option<&Path>) -> Vec<Line> {
     let mut lines = vec![Line::pass(
         "manifests",
         format!(
-            "{} McpTool(s) in {} file(s) of {}, valid as the API server checks them",
+            "{} McpTool(s) in {} file(s) and {} McpPrompt(s) of {}, valid as the API server checks them",
             tools.len(),
             files.len(),
+            catalog.prompts().len(),
             dir.display()
         ),
     )];

@@ -36,7 +36,8 @@ pub trait Authorizer: Send + Sync + 'static {
         }
         Ok(allowed)
     }
-    /// May `who` list and get `prompt` (of an upstream server; decided like its tools)?
+    /// May `who` list and get `prompt` (an upstream server's, decided like its tools; a
+    /// declared one by `call` on its McpPrompt)?
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool>;
     /// May `who` list and read `resource` (of an upstream server: whoever may use the whole
     /// server)?

@@ -43,7 +43,9 @@ pub const API_GROUP: &str = "toolyard.dev";
 pub const TOOLS_RESOURCE: &str = "mcptools";
 /// Resource whose `call` verb gates the tools of upstream MCP servers.
 pub const SERVERS_RESOURCE: &str = "mcpservers";
-/// Verb to list or call a tool.
+/// Resource whose `call` verb gates declared prompts (McpPrompts).
+pub const PROMPTS_RESOURCE: &str = "mcpprompts";
+/// Verb to list or call a tool (or list and get a prompt).
 pub const CALL_VERB: &str = "call";
 /// Resource whose `create` verb gates coding tasks.
 pub const TASKS_RESOURCE: &str = "codingtasks";
@@ -326,8 +328,12 @@ impl Authorizer for SarAuthorizer {
     }
 
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool> {
-        let names = server_names(&prompt.object_name, &prompt.upstream_name);
-        let answer = self.first_allow(&self.subject(who), SERVERS_RESOURCE, &prompt.namespace, names).await;
+        let (resource, names) = if prompt.declared {
+            (PROMPTS_RESOURCE, vec![None, Some(prompt.object_name.clone())])
+        } else {
+            (SERVERS_RESOURCE, server_names(&prompt.object_name, &prompt.upstream_name))
+        };
+        let answer = self.first_allow(&self.subject(who), resource, &prompt.namespace, names).await;
         Ok(self.record("prompt", answer))
     }
 

@@ -1,5 +1,6 @@
 //! [`ToolCatalog`] from McpTool objects: a watch (kube-runtime watcher) per served namespace,
-//! or one cluster-wide.
+//! or one cluster-wide. The McpPrompts of the same namespaces come with it
+//! ([`DeclaredPrompts`]).
 //!
 //! Only tools whose `Ready` condition is True for their current generation are listed.
 //! Input schemas are compiled once per (uid, generation). When two McpTools in served
@@ -19,7 +20,8 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::McpTool;
 use toolyard_api::mcptool::ExecutionMode;
 
-use super::{Tool, ToolCatalog, compile_schema};
+use super::prompts::DeclaredPrompts;
+use super::{Prompt, Tool, ToolCatalog, compile_schema};
 
 /// Which namespaces the gateway serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,10 +100,11 @@ struct Shared {
     version: watch::Sender<u64>,
 }
 
-/// Tools from McpTool objects, kept current by watches.
+/// Tools from McpTool objects, and prompts from McpPrompt objects, kept current by watches.
 #[derive(Clone)]
 pub struct KubeCatalog {
     shared: Arc<Shared>,
+    prompts: Arc<DeclaredPrompts>,
 }
 
 impl std::fmt::Debug for KubeCatalog {
@@ -111,7 +114,8 @@ impl std::fmt::Debug for KubeCatalog {
 }
 
 impl KubeCatalog {
-    /// Starts watching McpTools in `namespaces`; the watches stop when `shutdown` fires.
+    /// Starts watching McpTools and McpPrompts in `namespaces`; the watches stop when
+    /// `shutdown` fires.
     pub fn start(client: Client, namespaces: &Namespaces, shutdown: CancellationToken) -> Self {
         let apis: Vec<Api<McpTool>> = namespaces.apis(&client);
         let shared = Arc::new(Shared {
@@ -138,7 +142,11 @@ impl KubeCatalog {
                 }
             });
         }
-        Self { shared }
+        let bump = shared.clone();
+        let prompts = DeclaredPrompts::watch(&client, namespaces, shutdown, move || {
+            bump.version.send_modify(|v| *v += 1);
+        });
+        Self { shared, prompts }
     }
 }
 
@@ -289,6 +297,10 @@ impl ToolCatalog for KubeCatalog {
 
     fn is_synced(&self) -> bool {
         self.shared.streams.lock().unwrap_or_else(|e| e.into_inner()).iter().all(|s| s.synced)
+    }
+
+    fn prompts(&self) -> Vec<Arc<Prompt>> {
+        self.prompts.list()
     }
 }
 

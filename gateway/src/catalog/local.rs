@@ -1,7 +1,7 @@
 //! [`ToolCatalog`] from McpTool manifests in a folder (the embedded local mode).
 //!
 //! Every `*.yaml` / `*.yml` file of the folder (not its subfolders) is read, each document
-//! must be an McpTool or an McpServer (`toolyard.dev/v1alpha1`), and each is checked as the
+//! must be an McpTool, an McpServer or an McpPrompt (`toolyard.dev/v1alpha1`), and each is checked as the
 //! API server would ([`super::manifest`]) plus what only matters locally (no Secrets to read).
 //! All problems are reported at once, each naming the file, the document and the field. The
 //! McpServers are connected to by [`crate::upstream::Upstreams`].
@@ -13,10 +13,10 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 use tokio::sync::watch;
-use toolyard_api::{McpServer, McpServerSpec, McpTool};
+use toolyard_api::{McpPrompt, McpServer, McpServerSpec, McpTool};
 
 use super::manifest::{self, FieldError};
-use super::{Tool, ToolCatalog, compile_schema};
+use super::{Prompt, Tool, ToolCatalog, compile_schema};
 
 /// One problem in one document of one file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +78,17 @@ pub struct LocalServer {
     pub document: usize,
 }
 
+/// A loaded McpPrompt and where it came from.
+#[derive(Clone, Debug)]
+pub struct LocalPrompt {
+    /// The prompt.
+    pub prompt: Arc<Prompt>,
+    /// The manifest file.
+    pub file: PathBuf,
+    /// 1-based document number in the file.
+    pub document: usize,
+}
+
 /// What a folder's manifests declare.
 #[derive(Clone, Debug, Default)]
 pub struct Loaded {
@@ -85,6 +96,8 @@ pub struct Loaded {
     pub tools: Vec<LocalTool>,
     /// The McpServers.
     pub servers: Vec<LocalServer>,
+    /// The McpPrompts.
+    pub prompts: Vec<LocalPrompt>,
 }
 
 /// Tools from a folder of manifests.
@@ -92,6 +105,7 @@ pub struct Loaded {
 pub struct LocalCatalog {
     dir: PathBuf,
     tools: RwLock<Vec<LocalTool>>,
+    prompts: RwLock<Vec<Arc<Prompt>>>,
     servers: Vec<LocalServer>,
     version: watch::Sender<u64>,
 }
@@ -99,8 +113,14 @@ pub struct LocalCatalog {
 impl LocalCatalog {
     /// Loads every manifest of `dir`.
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
-        let Loaded { tools, servers } = load_dir(dir)?;
-        Ok(Self { dir: dir.to_owned(), tools: RwLock::new(tools), servers, version: watch::Sender::new(1) })
+        let Loaded { tools, servers, prompts } = load_dir(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            tools: RwLock::new(tools),
+            prompts: RwLock::new(served_prompts(prompts)),
+            servers,
+            version: watch::Sender::new(1),
+        })
     }
 
     /// The McpServers of the folder (as loaded at start).
@@ -118,11 +138,12 @@ impl LocalCatalog {
         self.tools.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// Reads the folder again; on success the tool set is replaced and watchers are told.
-    /// On failure the current tools stay.
+    /// Reads the folder again; on success the tools and prompts are replaced and watchers are
+    /// told. On failure the current ones stay.
     pub fn reload(&self) -> Result<(), LoadError> {
-        let tools = load_dir(&self.dir)?.tools;
-        *self.tools.write().unwrap_or_else(|e| e.into_inner()) = tools;
+        let loaded = load_dir(&self.dir)?;
+        *self.tools.write().unwrap_or_else(|e| e.into_inner()) = loaded.tools;
+        *self.prompts.write().unwrap_or_else(|e| e.into_inner()) = served_prompts(loaded.prompts);
         self.version.send_modify(|v| *v += 1);
         Ok(())
     }
@@ -143,6 +164,17 @@ impl ToolCatalog for LocalCatalog {
     fn is_synced(&self) -> bool {
         true
     }
+
+    fn prompts(&self) -> Vec<Arc<Prompt>> {
+        self.prompts.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// The prompts, sorted by name.
+fn served_prompts(loaded: Vec<LocalPrompt>) -> Vec<Arc<Prompt>> {
+    let mut prompts: Vec<Arc<Prompt>> = loaded.into_iter().map(|p| p.prompt).collect();
+    prompts.sort_by(|a, b| a.name.cmp(&b.name));
+    prompts
 }
 
 /// The manifest files of `dir`, sorted.
@@ -170,12 +202,17 @@ fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 pub struct Schemas {
     tool: Value,
     server: Value,
+    prompt: Value,
 }
 
 impl Schemas {
-    /// The McpTool and McpServer schemas.
+    /// The McpTool, McpServer and McpPrompt schemas.
     pub fn new() -> Self {
-        Self { tool: manifest::mcptool_schema(), server: manifest::mcpserver_schema() }
+        Self {
+            tool: manifest::mcptool_schema(),
+            server: manifest::mcpserver_schema(),
+            prompt: manifest::mcpprompt_schema(),
+        }
     }
 }
 
@@ -224,13 +261,13 @@ pub fn load_file(file: &Path, text: &str, schemas: &Schemas, loaded: &mut Loaded
         let before = errors.len();
         let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
         let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-        if kind != "McpTool" && kind != "McpServer" {
+        if !["McpTool", "McpServer", "McpPrompt"].contains(&kind) {
             let found = if kind.is_empty() { "no kind".to_owned() } else { format!("kind {kind:?}") };
             errors.push(error(
                 file,
                 n,
                 "kind",
-                format!("{found}: a tool folder holds only McpTool and McpServer manifests"),
+                format!("{found}: a tool folder holds only McpTool, McpServer and McpPrompt manifests"),
             ));
             continue;
         }
@@ -255,7 +292,11 @@ pub fn load_file(file: &Path, text: &str, schemas: &Schemas, loaded: &mut Loaded
                 format!("Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"),
             ));
         }
-        let schema = if kind == "McpServer" { &schemas.server } else { &schemas.tool };
+        let schema = match kind {
+            "McpServer" => &schemas.server,
+            "McpPrompt" => &schemas.prompt,
+            _ => &schemas.tool,
+        };
         for e in manifest::check_document(&doc, schema) {
             errors.push(ManifestError { file: file.to_owned(), document: n, error: e });
         }
@@ -283,6 +324,12 @@ pub fn load_file(file: &Path, text: &str, schemas: &Schemas, loaded: &mut Loaded
         }
         if kind == "McpServer" {
             load_server(file, n, &doc, before, loaded, errors);
+            continue;
+        }
+        if kind == "McpPrompt" {
+            if errors.len() == before {
+                load_prompt(file, n, name, &doc, loaded, errors);
+            }
             continue;
         }
         if errors.len() > before {
@@ -341,7 +388,32 @@ fn load_server(
     }
 }
 
+/// An McpPrompt document already checked against the schema, without errors.
+fn load_prompt(file: &Path, n: usize, name: &str, doc: &Value, loaded: &mut Loaded, errors: &mut Vec<ManifestError>) {
+    match serde_path_to_error::deserialize::<_, McpPrompt>(doc) {
+        Ok(object) => match super::prompts::declared_prompt("", name, &object.spec) {
+            Ok(prompt) => {
+                loaded.prompts.push(LocalPrompt { prompt: Arc::new(prompt), file: file.to_owned(), document: n })
+            }
+            Err(e) => errors.push(ManifestError { file: file.to_owned(), document: n, error: e }),
+        },
+        Err(e) => errors.push(error(file, n, &e.path().to_string(), e.inner().to_string())),
+    }
+}
+
 fn check_unique(loaded: &Loaded, errors: &mut Vec<ManifestError>) {
+    let mut prompts: HashMap<&str, &LocalPrompt> = HashMap::new();
+    for p in &loaded.prompts {
+        if let Some(first) = prompts.insert(&p.prompt.name, p) {
+            let message = format!(
+                "McpPrompt {:?} is already defined in {} (document {})",
+                p.prompt.name,
+                first.file.display(),
+                first.document
+            );
+            errors.push(error(&p.file, p.document, "metadata.name", message));
+        }
+    }
     let mut servers: HashMap<&str, &LocalServer> = HashMap::new();
     for s in &loaded.servers {
         if let Some(first) = servers.insert(&s.name, s) {
@@ -417,7 +489,7 @@ mod tests {
         );
         let errors = load_text(&text).unwrap_err();
         let expect = [
-            "t.yaml (document 2): kind: kind \"Deployment\": a tool folder holds only McpTool and McpServer manifests",
+            "t.yaml (document 2): kind: kind \"Deployment\": a tool folder holds only McpTool, McpServer and McpPrompt manifests",
             "t.yaml (document 4): spec.runtime.env[0].secretKeyRef: not available in local mode",
             "t.yaml (document 5): spec.inputSchema: inputSchema is not a valid JSON Schema",
             "t.yaml (document 6): spec.runtime.volumes: not available in local mode",

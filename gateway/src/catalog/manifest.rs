@@ -35,6 +35,11 @@ pub fn mcpserver_schema() -> Value {
     openapi_schema::<toolyard_api::McpServer>()
 }
 
+/// The `openAPIV3Schema` of the McpPrompt CRD.
+pub fn mcpprompt_schema() -> Value {
+    openapi_schema::<toolyard_api::McpPrompt>()
+}
+
 fn openapi_schema<K: kube::CustomResourceExt>() -> Value {
     let crd = serde_json::to_value(K::crd()).unwrap_or_default();
     crd.pointer("/spec/versions/0/schema/openAPIV3Schema").cloned().unwrap_or_default()
@@ -376,7 +381,7 @@ mod tests {
                 }
             }
         }
-        for schema in [mcptool_schema(), mcpserver_schema()] {
+        for schema in [mcptool_schema(), mcpserver_schema(), mcpprompt_schema()] {
             assert!(schema.get("properties").is_some(), "schema found");
             walk(&schema, "");
         }

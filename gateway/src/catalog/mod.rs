@@ -10,6 +10,7 @@ use crate::executor::Executor;
 pub mod kube;
 pub mod local;
 pub mod manifest;
+pub mod prompts;
 
 /// A tool as the MCP layer sees it: the McpTool spec plus its compiled input validator.
 #[derive(Debug)]
@@ -120,17 +121,20 @@ pub fn compile_schema(schema: &Value) -> Result<jsonschema::Validator, String> {
     jsonschema::options().build(schema).map_err(|e| format!("inputSchema is not a valid JSON Schema: {e}"))
 }
 
-/// A prompt of an upstream MCP server, as the gateway serves it (under its served name).
+/// A prompt as the gateway serves it (under its served name): an upstream MCP server's, or
+/// one an operator declared (an McpPrompt).
 pub struct Prompt {
-    /// Namespace of its McpServer (empty in embedded mode).
+    /// Namespace of its McpServer or McpPrompt (empty in embedded mode).
     pub namespace: String,
-    /// Its McpServer's name: what RBAC names, like for the server's tools.
+    /// Its McpServer's name (what RBAC names, like for the server's tools), or its McpPrompt's.
     pub object_name: String,
-    /// Served name (the server's prefix, then its name there).
+    /// An McpPrompt (granted on `mcpprompts`), not an upstream server's prompt.
+    pub declared: bool,
+    /// Served name (the server's prefix, then its name there; an McpPrompt's object name).
     pub name: String,
-    /// Its name on the server.
+    /// Its name on the server (an McpPrompt's: its name).
     pub upstream_name: String,
-    /// Its McpServer's toolset.
+    /// Its McpServer's or McpPrompt's toolset.
     pub toolset: Option<String>,
     /// The MCP `Prompt` as the server lists it, with the served name.
     pub listing: Value,
@@ -148,11 +152,20 @@ impl std::fmt::Debug for Prompt {
     }
 }
 
-/// Answers `prompts/get` for the prompts of one server.
+/// Why a prompt was not given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromptError {
+    /// The arguments do not fit the prompt (the message says how).
+    InvalidArguments(String),
+    /// The server failed or is unreachable (the message says which).
+    Failed(String),
+}
+
+/// Answers `prompts/get` for the prompts of one server (or one McpPrompt).
 #[async_trait::async_trait]
 pub trait PromptSource: Send + Sync + 'static {
     /// The MCP `GetPromptResult` of the server's prompt `name` with `arguments`, or why not.
-    async fn get(&self, name: &str, arguments: Map<String, Value>) -> Result<Value, String>;
+    async fn get(&self, name: &str, arguments: Map<String, Value>) -> Result<Value, PromptError>;
 }
 
 /// A resource, or a resource template, of an upstream MCP server as the gateway serves it:
@@ -235,7 +248,8 @@ pub trait ToolCatalog: Send + Sync + 'static {
     fn changes(&self) -> tokio::sync::watch::Receiver<u64>;
     /// True once the first full listing is in.
     fn is_synced(&self) -> bool;
-    /// The prompts of connected upstream servers, sorted by name (none without servers).
+    /// The prompts served: the declared ones (McpPrompts), and those of connected upstream
+    /// servers, sorted by name (none by default).
     fn prompts(&self) -> Vec<Arc<Prompt>> {
         Vec::new()
     }

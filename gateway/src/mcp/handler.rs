@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::builtin::Builtin;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
-use crate::catalog::{Prompt, ResourceError, ServedResource, Tool};
+use crate::catalog::{Prompt, PromptError, ResourceError, ServedResource, Tool};
 use crate::core::access::Selection;
 use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
@@ -785,11 +785,10 @@ impl McpHandler {
         if !missing.is_empty() {
             return Err(ErrorData::invalid_params(format!("missing required arguments: {}", missing.join(", ")), None));
         }
-        let answer = prompt
-            .source
-            .get(&prompt.upstream_name, arguments)
-            .await
-            .map_err(|e| ErrorData::internal_error(e, None))?;
+        let answer = prompt.source.get(&prompt.upstream_name, arguments).await.map_err(|e| match e {
+            PromptError::InvalidArguments(message) => ErrorData::invalid_params(message, None),
+            PromptError::Failed(message) => ErrorData::internal_error(message, None),
+        })?;
         serde_json::from_value(answer).map_err(|e| {
             ErrorData::internal_error(format!("the MCP server answered prompts/get with something else: {e}"), None)
         })

@@ -31,7 +31,7 @@ use toolyard_api::protocol::{CallErrorKind, CallResult, Progress};
 use toolyard_api::token::SigningKey;
 use toolyard_process::child::ProcessGroup;
 
-use crate::catalog::{CompletionSource, PromptSource, ResourceError, ResourceSource};
+use crate::catalog::{CompletionSource, PromptError, PromptSource, ResourceError, ResourceSource};
 use crate::executor::events::{self, ProgressSender};
 use crate::executor::local::{Launch, gateway_only_env};
 use crate::executor::pool::{CallRecord, CallRecords};
@@ -546,10 +546,12 @@ impl Link {
 
 #[async_trait]
 impl PromptSource for Link {
-    async fn get(&self, name: &str, arguments: serde_json::Map<String, Value>) -> Result<Value, String> {
+    async fn get(&self, name: &str, arguments: serde_json::Map<String, Value>) -> Result<Value, PromptError> {
         let mut params = GetPromptRequestParams::new(name.to_owned());
         params.arguments = Some(arguments);
-        self.ask("prompts/get", |peer| async move { peer.get_prompt(params).await }).await.map_err(String::from)
+        self.ask("prompts/get", |peer| async move { peer.get_prompt(params).await })
+            .await
+            .map_err(|e| PromptError::Failed(e.into()))
     }
 }
 

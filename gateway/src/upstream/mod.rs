@@ -407,8 +407,8 @@ impl Upstreams {
         self.rebuild();
     }
 
-    /// Recomputes the catalog: the functions, then each connected server's tools under their
-    /// served names, leaving out names already taken. Names of the gateway's built-in tools
+    /// Recomputes the catalog: the functions and declared prompts, then each connected
+    /// server's tools and prompts under their served names, leaving out names already taken. Names of the gateway's built-in tools
     /// are taken from the start: the McpTool schema refuses them, but an object stored before
     /// a name was reserved may still carry one.
     fn rebuild(&self) {
@@ -417,8 +417,9 @@ impl Upstreams {
             self.inner.functions.tools().iter().filter(|t| !RESERVED_TOOL_NAMES.contains(&t.name())).cloned().collect();
         let mut taken: BTreeSet<String> = tools.iter().map(|t| t.name().to_owned()).collect();
         taken.extend(RESERVED_TOOL_NAMES.iter().map(|n| (*n).to_owned()));
-        let mut prompts: Vec<Arc<Prompt>> = Vec::new();
-        let mut prompt_names: BTreeSet<String> = BTreeSet::new();
+        // Declared prompts (McpPrompts) first: an upstream prompt of the same name is left out.
+        let mut prompts: Vec<Arc<Prompt>> = self.inner.functions.prompts();
+        let mut prompt_names: BTreeSet<String> = prompts.iter().map(|p| p.name.clone()).collect();
         let mut resources: Vec<Arc<ServedResource>> = Vec::new();
         let mut uris: BTreeSet<String> = BTreeSet::new();
         for server in servers.values() {
@@ -536,6 +537,7 @@ fn upstream_prompt(config: &ServerConfig, link: &Arc<Link>, listed: &rmcp::model
     Prompt {
         namespace: config.namespace.clone(),
         object_name: config.name.clone(),
+        declared: false,
         name,
         upstream_name: listed.name.clone(),
         toolset: config.spec.toolset.clone(),

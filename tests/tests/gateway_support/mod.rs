@@ -199,7 +199,7 @@ pub async fn grant_platform(ns: &str) {
         ns,
         "toolyard-gateway",
         vec![
-            rule(&["toolyard.dev"], &["mcptools", "mcpservers"], &["get", "list", "watch"]),
+            rule(&["toolyard.dev"], &["mcptools", "mcpservers", "mcpprompts"], &["get", "list", "watch"]),
             rule(&["toolyard.dev"], &["mcpservers/status"], &["patch"]),
             named_rule(&[""], &["secrets"], &["get"], &[UPSTREAM_SECRET]),
             rule(&["toolyard.dev"], &["toolcalls"], &["create", "get", "list", "watch", "patch", "delete"]),
