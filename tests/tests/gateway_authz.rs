@@ -216,14 +216,30 @@ async fn declared_prompts_are_listed_and_got_by_whoever_may_call_them() {
         .expect("completion/complete");
     assert_eq!(completion.completion.values, ["MSFT", "MSTR"]);
 
-    // The watch follows deletions.
+    // The watch follows deletions; a 2026-07-28 client subscribed to prompt changes is told
+    // (a 2025-11-25 client has no stream to be told on, and is not offered it).
+    assert_eq!(
+        bob.peer_info().and_then(|i| i.capabilities.prompts.as_ref().map(|p| p.list_changed)),
+        Some(None),
+        "2025-11-25: no prompts listChanged"
+    );
+    let modern = gw.modern_client(User::Bob).await;
+    assert_eq!(
+        modern.peer_info().and_then(|i| i.capabilities.prompts.as_ref().and_then(|p| p.list_changed)),
+        Some(true)
+    );
+    let mut subscription = modern
+        .listen(rmcp::model::SubscriptionFilter::builder().prompts_list_changed().build())
+        .await
+        .expect("subscriptions/listen");
     let api: kube::Api<toolyard_api::McpPrompt> = kube::Api::namespaced(env.client(User::Admin).await, &ns);
     api.delete("risk-summary", &Default::default()).await.expect("delete");
-    toolyard_tests::wait_until(std::time::Duration::from_secs(10), "the deleted prompt goes", || async {
-        Ok(listed_prompts(&bob).await == ["price-check"])
-    })
-    .await
-    .expect("prompt removed");
+    let note =
+        tokio::time::timeout(std::time::Duration::from_secs(20), subscription.next()).await.expect("told in time");
+    assert!(matches!(note, Ok(Some(rmcp::model::ServerNotification::PromptListChangedNotification(_)))), "{note:?}");
+    assert_eq!(listed_prompts(&bob).await, ["price-check"], "the deleted prompt is gone");
+    subscription.cancel().await.ok();
+    modern.cancel().await.ok();
     alice.cancel().await.ok();
     bob.cancel().await.ok();
 }

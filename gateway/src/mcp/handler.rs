@@ -847,7 +847,7 @@ impl ServerHandler for McpHandler {
 
     /// A 2025-11-25 (or older) client is told only what it can get: this gateway keeps no
     /// session, so such a client has no stream to receive `notifications/tools/list_changed`
-    /// or resource updates on; 2026-07-28 clients get them through `subscriptions/listen`.
+    /// (or prompts') or resource updates on; 2026-07-28 clients get them through `subscriptions/listen`.
     async fn initialize(
         &self,
         request: InitializeRequestParams,
@@ -858,6 +858,9 @@ impl ServerHandler for McpHandler {
         if result.protocol_version != ProtocolVersion::V_2026_07_28 {
             if let Some(tools) = result.capabilities.tools.as_mut() {
                 tools.list_changed = None;
+            }
+            if let Some(prompts) = result.capabilities.prompts.as_mut() {
+                prompts.list_changed = None;
             }
             if let Some(resources) = result.capabilities.resources.as_mut() {
                 resources.subscribe = None;
@@ -872,6 +875,7 @@ impl ServerHandler for McpHandler {
             ServerCapabilities::builder()
                 .enable_completions()
                 .enable_prompts()
+                .enable_prompts_list_changed()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_resources()
@@ -882,6 +886,7 @@ impl ServerHandler for McpHandler {
             ServerCapabilities::builder()
                 .enable_completions()
                 .enable_prompts()
+                .enable_prompts_list_changed()
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_resources()
@@ -1063,6 +1068,7 @@ impl ServerHandler for McpHandler {
     fn accepted_subscription_filter(&self, requested: &SubscriptionFilter) -> Option<SubscriptionFilter> {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);
+        accepted.prompts_list_changed = requested.prompts_list_changed.filter(|on| *on);
         if self.state.tasks.is_some() {
             let uris: Vec<String> = requested
                 .resource_subscriptions
@@ -1095,6 +1101,8 @@ impl ServerHandler for McpHandler {
         self.count("subscriptions/listen", true);
         let mut changes = self.state.catalog.changes();
         changes.borrow_and_update();
+        let wants_prompts = context.accepted().prompts_list_changed == Some(true);
+        let mut prompts = if wants_prompts { prompt_listings(self.state.catalog.as_ref()) } else { Vec::new() };
         let uris = context.accepted().resource_subscriptions.clone().unwrap_or_default();
         let mut watcher = resources::Watcher::default();
         let owner = who.owner_key();
@@ -1131,6 +1139,16 @@ impl ServerHandler for McpHandler {
                     {
                         return Ok(());
                     }
+                    // Prompts change less often than tools: told only when they did.
+                    if wants_prompts {
+                        let now = prompt_listings(self.state.catalog.as_ref());
+                        if now != prompts {
+                            prompts = now;
+                            if context.sink().notify_prompt_list_changed().await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                    }
                 }
                 () = task_changed => {}
                 () = recheck => {}
@@ -1142,6 +1160,12 @@ impl ServerHandler for McpHandler {
             }
         }
     }
+}
+
+/// What a `prompts/list` shows of the catalog's prompts (before authorization): each one's
+/// listing, in name order.
+fn prompt_listings(catalog: &dyn crate::catalog::ToolCatalog) -> Vec<Value> {
+    catalog.prompts().iter().map(|p| p.listing.clone()).collect()
 }
 
 #[cfg(test)]
