@@ -155,22 +155,12 @@ async fn declared_prompts_are_listed_and_got_by_whoever_may_call_them() {
     create_prompt(&ns, "broken", json!({"description": "d", "messages": [{"role": "user", "text": "{{missing}}"}]}))
         .await;
     // alice: price-check only; bob: every McpPrompt of the namespace.
-    let rule = |names: Option<Vec<String>>| PolicyRule {
-        api_groups: Some(vec!["toolyard.dev".into()]),
-        resources: Some(vec!["mcpprompts".into()]),
-        resource_names: names,
-        verbs: vec!["call".into()],
-        ..Default::default()
-    };
-    let user = |name: &str| Subject {
-        kind: "User".into(),
-        name: name.into(),
-        api_group: Some("rbac.authorization.k8s.io".into()),
-        namespace: None,
-    };
-    gateway_support::apply_role(&ns, "prompt-alice", vec![rule(Some(vec!["price-check".into()]))], vec![user("alice")])
+    let (group, prompts, call) = (&["toolyard.dev"][..], &["mcpprompts"][..], &["call"][..]);
+    let alice_rule = gateway_support::named_rule(group, prompts, call, &["price-check"]);
+    gateway_support::apply_role(&ns, "prompt-alice", vec![alice_rule], vec![gateway_support::user_subject("alice")])
         .await;
-    gateway_support::apply_role(&ns, "prompt-bob", vec![rule(None)], vec![user("bob")]).await;
+    let bob_rule = gateway_support::rule(group, prompts, call);
+    gateway_support::apply_role(&ns, "prompt-bob", vec![bob_rule], vec![gateway_support::user_subject("bob")]).await;
     wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpprompts", "call", Some("price-check")).await;
     wait_allowed("bob", &[], &ns, "toolyard.dev", "mcpprompts", "call", None).await;
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use futures::StreamExt;
 use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
@@ -65,6 +66,45 @@ impl Namespaces {
             Namespaces::Only(names) => names.iter().any(|n| n == namespace),
         }
     }
+}
+
+/// Keeps one reflector store per API in `apis` current (a watch each, with kube's default
+/// backoff) until `shutdown`, and calls `changed` with every store after each change, except
+/// while a watch (re)lists. `what` names the kind in the log of a failed watch.
+pub fn reflect_all<K>(
+    apis: Vec<Api<K>>,
+    what: &'static str,
+    shutdown: CancellationToken,
+    changed: impl Fn(&[Store<K>]) + Send + 'static,
+) -> Vec<Store<K>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let mut stores = Vec::new();
+    let mut streams = Vec::new();
+    for api in apis {
+        let (reader, writer) = reflector::store();
+        stores.push(reader);
+        streams.push(watcher::watcher(api, watcher::Config::default()).default_backoff().reflect(writer).boxed());
+    }
+    let mut events = futures::stream::select_all(streams);
+    let watched = stores.clone();
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "watching {what} failed; retrying"),
+                Some(Ok(Event::Init | Event::InitApply(_))) => {}
+                Some(Ok(_)) => changed(&watched),
+            }
+        }
+    });
+    stores
 }
 
 /// Objects seen by one watch, keyed by (namespace, name).
@@ -143,7 +183,7 @@ impl KubeCatalog {
             });
         }
         let bump = shared.clone();
-        let prompts = DeclaredPrompts::watch(&client, namespaces, shutdown, move || {
+        let prompts = DeclaredPrompts::watch(namespaces.apis(&client), shutdown, move || {
             bump.version.send_modify(|v| *v += 1);
         });
         Self { shared, prompts }

@@ -13,16 +13,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 
-use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, ResourceExt};
+use kube::runtime::reflector::Store;
+use kube::{Api, ResourceExt};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use toolyard_api::McpPrompt;
 use toolyard_api::mcpprompt::{McpPromptSpec, PromptRole, placeholders};
 
-use super::kube::Namespaces;
+use super::kube::reflect_all;
 use super::manifest::FieldError;
 use super::{CompletionSource, Prompt, PromptError, PromptSource};
 
@@ -172,13 +170,8 @@ impl CompletionSource for Template {
     }
 }
 
-/// One watch's McpPrompts, by (namespace, name).
-type Objects = BTreeMap<(String, String), Arc<McpPrompt>>;
-
 /// The McpPrompts of the served namespaces, kept current by watches.
 pub struct DeclaredPrompts {
-    /// Objects per watch, by (namespace, name); `None` until the watch's first listing.
-    streams: Mutex<Vec<Option<Objects>>>,
     /// Invalid objects already logged, by (uid, generation).
     warned: Mutex<HashSet<(String, i64)>>,
     served: RwLock<Vec<Arc<Prompt>>>,
@@ -192,76 +185,23 @@ impl std::fmt::Debug for DeclaredPrompts {
 }
 
 impl DeclaredPrompts {
-    /// Starts watching McpPrompts in `namespaces` (until `shutdown`); `changed` is called after
-    /// each change of the served set.
+    /// Starts watching the McpPrompts of `apis` (one per served namespace, or one for all)
+    /// until `shutdown`; `changed` is called after each change of the served set.
     pub fn watch(
-        client: &Client,
-        namespaces: &Namespaces,
+        apis: Vec<Api<McpPrompt>>,
         shutdown: CancellationToken,
         changed: impl Fn() + Send + Sync + 'static,
     ) -> Arc<Self> {
-        let apis: Vec<Api<McpPrompt>> = namespaces.apis(client);
-        let this = Arc::new(Self {
-            streams: Mutex::new(apis.iter().map(|_| None).collect()),
-            warned: Mutex::default(),
-            served: RwLock::default(),
-            changed: Box::new(changed),
+        let this = Arc::new(Self { warned: Mutex::default(), served: RwLock::default(), changed: Box::new(changed) });
+        let rebuilt = this.clone();
+        reflect_all(apis, "McpPrompts", shutdown, move |stores| {
+            rebuilt.rebuild(stores.iter().flat_map(Store::state).collect());
         });
-        for (i, api) in apis.into_iter().enumerate() {
-            let this = this.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let mut relist: Option<Objects> = None;
-                let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
-                let mut events = std::pin::pin!(events);
-                loop {
-                    let event = tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        event = events.next() => event,
-                    };
-                    match event {
-                        None => return,
-                        Some(Err(e)) => tracing::warn!(error = %e, "McpPrompt watch failed; retrying"),
-                        Some(Ok(event)) => this.apply(i, event, &mut relist),
-                    }
-                }
-            });
-        }
         this
     }
 
-    /// Takes one event of watch `i`.
-    fn apply(&self, i: usize, event: Event<McpPrompt>, relist: &mut Option<Objects>) {
-        let key = |o: &McpPrompt| (o.namespace().unwrap_or_default(), o.name_any());
-        {
-            let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-            match event {
-                Event::Init => {
-                    *relist = Some(BTreeMap::new());
-                    return;
-                }
-                Event::InitApply(o) => {
-                    relist.get_or_insert_default().insert(key(&o), Arc::new(o));
-                    return;
-                }
-                Event::InitDone => streams[i] = Some(relist.take().unwrap_or_default()),
-                Event::Apply(o) => {
-                    streams[i].get_or_insert_default().insert(key(&o), Arc::new(o));
-                }
-                Event::Delete(o) => {
-                    streams[i].get_or_insert_default().remove(&key(&o));
-                }
-            }
-        }
-        self.rebuild();
-    }
-
-    /// Recomputes the served prompts from every watch's objects.
-    fn rebuild(&self) {
-        let mut objects: Vec<Arc<McpPrompt>> = {
-            let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-            streams.iter().flatten().flat_map(|s| s.values().cloned()).collect()
-        };
+    /// Recomputes the served prompts from the watched objects.
+    fn rebuild(&self, mut objects: Vec<Arc<McpPrompt>>) {
         objects.sort_by(|a, b| {
             (a.creation_timestamp(), a.namespace(), a.name_any()).cmp(&(
                 b.creation_timestamp(),

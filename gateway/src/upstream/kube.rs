@@ -10,13 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
-use kube::runtime::{WatchStreamExt, reflector::ObjectRef};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +24,7 @@ use toolyard_api::token::SigningKey;
 use toolyard_api::{API_VERSION, GATEWAY_MANAGER, McpServer};
 
 use super::{Dialer, Endpoint, ServerConfig, StatusSink, Upstreams, credential_header};
-use crate::catalog::kube::Namespaces;
+use crate::catalog::kube::{Namespaces, reflect_all};
 
 /// Limit of one status write or Secret read.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,38 +40,16 @@ pub fn watch(
     shutdown: CancellationToken,
 ) {
     let apis: Vec<Api<McpServer>> = namespaces.apis(client);
-    let mut stores: Vec<Store<McpServer>> = Vec::new();
-    let mut streams = Vec::new();
-    for api in apis {
-        let (reader, writer) = reflector::store();
-        stores.push(reader);
-        streams.push(watcher(api, watcher::Config::default()).default_backoff().reflect(writer).boxed());
-    }
-    let mut events = futures::stream::select_all(streams);
     let interval = upstreams.settings().status_interval;
-    let (janitor_stores, janitor_stop) = (stores.clone(), shutdown.clone());
+    let stores = reflect_all(apis, "McpServers", shutdown.clone(), move |stores| upstreams.apply(configs(stores)));
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                () = janitor_stop.cancelled() => return,
+                () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(interval) => {}
             }
             status.refresh().await;
-            status.prune(&janitor_stores, interval * 3).await;
-        }
-    });
-    tokio::spawn(async move {
-        loop {
-            let event = tokio::select! {
-                () = shutdown.cancelled() => return,
-                event = events.next() => event,
-            };
-            match event {
-                None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "watching McpServers failed; retrying"),
-                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
-                Some(Ok(_)) => upstreams.apply(configs(&stores)),
-            }
+            status.prune(&stores, interval * 3).await;
         }
     });
 }
