@@ -174,6 +174,9 @@ impl CompletionSource for Template {
 pub struct DeclaredPrompts {
     /// Invalid objects already logged, by (uid, generation).
     warned: Mutex<HashSet<(String, i64)>>,
+    /// The (uid, generation) of each watched object at the last rebuild: a relist that
+    /// changes nothing tells nobody.
+    seen: Mutex<Vec<(String, i64)>>,
     served: RwLock<Vec<Arc<Prompt>>>,
     changed: Box<dyn Fn() + Send + Sync>,
 }
@@ -192,7 +195,12 @@ impl DeclaredPrompts {
         shutdown: CancellationToken,
         changed: impl Fn() + Send + Sync + 'static,
     ) -> Arc<Self> {
-        let this = Arc::new(Self { warned: Mutex::default(), served: RwLock::default(), changed: Box::new(changed) });
+        let this = Arc::new(Self {
+            warned: Mutex::default(),
+            seen: Mutex::default(),
+            served: RwLock::default(),
+            changed: Box::new(changed),
+        });
         let rebuilt = this.clone();
         reflect_all(apis, "McpPrompts", shutdown, move |stores| {
             rebuilt.rebuild(stores.iter().flat_map(Store::state).collect());
@@ -209,6 +217,15 @@ impl DeclaredPrompts {
                 b.name_any(),
             ))
         });
+        let fingerprint: Vec<(String, i64)> =
+            objects.iter().map(|o| (o.uid().unwrap_or_default(), o.metadata.generation.unwrap_or_default())).collect();
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if *seen == fingerprint {
+                return;
+            }
+            *seen = fingerprint;
+        }
         let mut served: BTreeMap<String, Arc<Prompt>> = BTreeMap::new();
         let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
         for object in objects {
