@@ -6,13 +6,12 @@
 mod local_support;
 
 use serde_json::Value;
-use toolyard_gateway::local::LocalGateway;
 use toolyard_tests::local::{self, CliRun, TempDir, toolyard};
 use toolyard_tests::repo_path;
 
 const TOKEN: &str = "ty_cli-local-test-token-0001";
 
-async fn gateway(dir: &str, data: &TempDir) -> LocalGateway {
+async fn gateway(dir: &str, data: &TempDir) -> local_support::Running {
     local_support::start(dir, data, TOKEN, 8).await
 }
 

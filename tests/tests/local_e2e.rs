@@ -24,29 +24,12 @@ use toolyard_tests::local::{self, TempDir};
 
 const TOKEN: &str = "ty_local-e2e-test-token-0001";
 
-/// The local mode, a connected client and the local mode's folder. Dropping it shuts the
-/// gateway down gracefully first (the pool calls' files and the `call_finished` events are
-/// written after the answers, and shutting down waits for them), so nothing is written into
-/// the folder after it is removed.
+/// The local mode, a connected client and the local mode's folder (removed after the local
+/// mode has shut down: see [`local_support::Running`]).
 struct Local {
-    gateway: Option<LocalGateway>,
+    gateway: local_support::Running,
     client: RunningService<RoleClient, ClientConfig>,
-    data: Option<TempDir>,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        if let Some(gateway) = self.gateway.take() {
-            // Every test here runs on a multi-threaded runtime.
-            let stopped =
-                tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(gateway.shutdown()));
-            if let Err(e) = stopped
-                && !std::thread::panicking()
-            {
-                panic!("the local mode did not shut down cleanly: {e:#}");
-            }
-        }
-    }
+    data: TempDir,
 }
 
 impl Local {
@@ -62,7 +45,7 @@ impl Local {
         Self::connect(gateway, data).await
     }
 
-    async fn connect(gateway: LocalGateway, data: TempDir) -> Self {
+    async fn connect(gateway: local_support::Running, data: TempDir) -> Self {
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(gateway.mcp_url()).auth_header(TOKEN.to_owned()),
         );
@@ -70,18 +53,17 @@ impl Local {
             .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
             .await
             .expect("MCP client connects");
-        Self { gateway: Some(gateway), client, data: Some(data) }
+        Self { gateway, client, data }
     }
 
     fn gateway(&self) -> &LocalGateway {
-        self.gateway.as_ref().expect("running until dropped")
+        &self.gateway
     }
 
     /// Shuts the gateway down, checks it stopped cleanly, and hands over its folder.
-    async fn stop(mut self) -> TempDir {
-        let gateway = self.gateway.take().expect("running until stopped");
-        gateway.shutdown().await.expect("the local mode shuts down cleanly");
-        self.data.take().expect("the folder stays until the end")
+    async fn stop(self) -> TempDir {
+        self.gateway.shutdown().await.expect("the local mode shuts down cleanly");
+        self.data
     }
 
     async fn call(&self, tool: &str, arguments: Value) -> CallToolResult {

@@ -19,7 +19,6 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::{Value, json};
 use toolyard_api::mcpserver::ConnectionState;
-use toolyard_gateway::local::LocalGateway;
 use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::repo_path;
@@ -46,7 +45,7 @@ impl ClientHandler for Counting {
 }
 
 struct Setup {
-    gateway: LocalGateway,
+    gateway: local_support::Running,
     client: RunningService<RoleClient, Counting>,
     counts: Counting,
     _dir: TempDir,

@@ -15,12 +15,12 @@ use toolyard_tests::repo_path;
 /// Starts the local mode on the manifests of `dir` (relative to the repository), with its
 /// files in `data`, the fixed `token` for user `local`, at most `max_calls` Job-mode calls at
 /// once; returns once its warm workers have started.
-pub async fn start(dir: &str, data: &TempDir, token: &str, max_calls: usize) -> LocalGateway {
+pub async fn start(dir: &str, data: &TempDir, token: &str, max_calls: usize) -> Running {
     start_with(dir, data, token, max_calls, DataArgs::default()).await
 }
 
 /// [`start`] with these storage quota and retention settings.
-pub async fn start_with(dir: &str, data: &TempDir, token: &str, max_calls: usize, lifecycle: DataArgs) -> LocalGateway {
+pub async fn start_with(dir: &str, data: &TempDir, token: &str, max_calls: usize, lifecycle: DataArgs) -> Running {
     start_args(args(repo_path(dir), data, token, max_calls, lifecycle)).await
 }
 
@@ -51,8 +51,41 @@ pub fn args(dir: PathBuf, data: &TempDir, token: &str, max_calls: usize, lifecyc
 }
 
 /// Starts the local mode with `args`; returns once its warm workers have started.
-pub async fn start_args(args: LocalArgs) -> LocalGateway {
+pub async fn start_args(args: LocalArgs) -> Running {
     let gateway = toolyard_gateway::local::start(args).await.expect("the local gateway starts");
     gateway.pools.wait_started().await.expect("warm workers start");
-    gateway
+    Running(Some(gateway))
+}
+
+/// A started local mode. Dropping it shuts it down gracefully first (a call's files and its
+/// `call_finished` event are written just after the answer, and shutting down waits for
+/// them), so nothing is written into its data folder after a test removes that folder. Tests
+/// holding one run on a multi-threaded runtime.
+pub struct Running(Option<LocalGateway>);
+
+impl std::ops::Deref for Running {
+    type Target = LocalGateway;
+
+    fn deref(&self) -> &LocalGateway {
+        self.0.as_ref().expect("running until shut down")
+    }
+}
+
+impl Running {
+    /// Shuts it down and says whether it stopped cleanly.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.0.take().expect("running until shut down").shutdown().await
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(gateway) = self.0.take() else { return };
+        let stopped = tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(gateway.shutdown()));
+        if let Err(e) = stopped
+            && !std::thread::panicking()
+        {
+            panic!("the local mode did not shut down cleanly: {e:#}");
+        }
+    }
 }
