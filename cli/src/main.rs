@@ -1,7 +1,7 @@
 //! `toolyard`: the command for operators and function authors. `check` is a preflight of
 //! manifests, a gateway and a cluster install; `test` runs scenario suites against any MCP
-//! URL; `tools`, `call`, `tasks` and `artifacts` are the quick commands to try a tool or
-//! fetch a result.
+//! URL; `tools`, `call`, `prompts`, `prompt`, `tasks` and `artifacts` are the quick commands
+//! to try a tool or a prompt, or fetch a result.
 //!
 //! Exit codes: 0 success; 1 a tool answered an error, a test or check failed, or a task did
 //! not succeed; 2 the command could not run (bad arguments, a malformed suite, no
@@ -10,6 +10,7 @@
 mod call;
 mod check;
 mod connect;
+mod prompts;
 mod suite;
 mod tasks;
 
@@ -45,6 +46,14 @@ enum Command {
     },
     /// Call a tool: toolyard call price_option spot=100 strike=100 ...
     Call(call::CallArgs),
+    /// List the prompts you may get
+    Prompts {
+        /// Print the full definitions as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Get a prompt's messages: toolyard prompt price-and-explain kind=call spot=100 strike=95
+    Prompt(prompts::PromptArgs),
     /// Your coding tasks, one task's result, or cancel one
     Tasks(tasks::TasksArgs),
     /// A coding task's files: list them, or fetch one
@@ -60,6 +69,8 @@ async fn main() -> ExitCode {
         Command::Test(args) => suite::run::run(conn, args).await,
         Command::Tools { json } => call::tools(conn, json).await,
         Command::Call(args) => call::call(conn, args).await,
+        Command::Prompts { json } => prompts::prompts(conn, json).await,
+        Command::Prompt(args) => prompts::prompt(conn, args).await,
         Command::Tasks(args) => tasks::tasks(conn, args).await,
         Command::Artifacts(args) => tasks::artifacts(conn, args).await,
     };

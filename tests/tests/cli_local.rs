@@ -1,5 +1,5 @@
 //! The `toolyard` command against the embedded local mode: `call` (arguments, errors,
-//! progress), `test` (the pricing suite, failures with file and line, JUnit XML, timeouts,
+//! progress), `prompts` and `prompt`, `test` (the pricing suite, failures with file and line, JUnit XML, timeouts,
 //! malformed suites) and `check` (manifests, functions that drifted from their schemas, the
 //! gateway, a refused token).
 
@@ -59,6 +59,25 @@ async fn call_and_test_the_pricing_tools_with_the_suite_in_the_repository() {
     let bad_token = toolyard(&url, "ty_wrong", &["tools"]).await;
     assert_code(&bad_token, 2);
     assert!(bad_token.stderr.contains("refused the token"), "{}", bad_token.stderr);
+
+    // The example's prompt: listed with its arguments, got with their values in place.
+    let listed = toolyard(&url, TOKEN, &["prompts"]).await;
+    assert_code(&listed, 0);
+    assert!(
+        listed.stdout.contains("price-and-explain  Price and explain an option (kind*, spot*, strike*)"),
+        "{}",
+        listed.stdout
+    );
+    let got = toolyard(&url, TOKEN, &["prompt", "price-and-explain", "kind=call", "spot=100", "strike=95"]).await;
+    assert_code(&got, 0);
+    assert!(
+        got.stdout.starts_with("[user]\nPrice a European call with spot 100 and strike 95 using price_option,"),
+        "{}",
+        got.stdout
+    );
+    let refused = toolyard(&url, TOKEN, &["prompt", "price-and-explain", "kind=swap", "spot=1", "strike=1"]).await;
+    assert_code(&refused, 2);
+    assert!(refused.stderr.contains("argument \"kind\" must be one of: call, put"), "{}", refused.stderr);
 
     // The repository's suite passes, with a JUnit report of every test.
     let junit = data.path().join("junit.xml");
