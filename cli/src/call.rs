@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use rmcp::model::{CallToolRequestParams, CallToolResult, Tool};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
 use serde_json::{Map, Value};
 
 use crate::connect::{Client, Connection};
@@ -40,16 +40,16 @@ pub async fn tools(conn: &Connection, json: bool) -> Result<u8> {
     } else {
         let width = tools.iter().map(|t| t.name.len()).max().unwrap_or(0);
         for t in &tools {
-            println!("{:width$}  {}", t.name, headline(t));
+            println!("{:width$}  {}", t.name, headline(t.title.as_deref(), t.description.as_deref()));
         }
     }
     let _ = client.cancel().await;
     Ok(0)
 }
 
-fn headline(t: &Tool) -> String {
-    let text = t.title.as_deref().or(t.description.as_deref()).unwrap_or_default();
-    text.lines().next().unwrap_or_default().to_owned()
+/// A listing's one line about an item: its title, else its description's first line.
+pub fn headline(title: Option<&str>, description: Option<&str>) -> String {
+    title.or(description).unwrap_or_default().lines().next().unwrap_or_default().to_owned()
 }
 
 /// `toolyard call`: exit code 0 on success, 1 when the tool answered an error.

@@ -29,16 +29,12 @@ pub async fn prompts(conn: &Connection, json: bool) -> Result<u8> {
     } else {
         let width = prompts.iter().map(|p| p.name.len()).max().unwrap_or(0);
         for p in &prompts {
-            println!("{:width$}  {}{}", p.name, headline(p), arguments(p));
+            let headline = crate::call::headline(p.title.as_deref(), p.description.as_deref());
+            println!("{:width$}  {headline}{}", p.name, arguments(p));
         }
     }
     let _ = client.cancel().await;
     Ok(0)
-}
-
-fn headline(p: &Prompt) -> String {
-    let text = p.title.as_deref().or(p.description.as_deref()).unwrap_or_default();
-    text.lines().next().unwrap_or_default().to_owned()
 }
 
 fn arguments(p: &Prompt) -> String {
