@@ -33,6 +33,8 @@
 
 #[path = "support/loadgen.rs"]
 mod loadgen;
+#[path = "support/pricing.rs"]
+mod pricing;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -40,15 +42,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pricing::{call_body, priced};
 use serde_json::{Value, json};
 use toolyard_tests::local::{self, TempDir};
 use toolyard_tests::repo_path;
 
 const TOKEN: &str = "ty_local-benchmark-token-0001";
-
-fn arguments() -> Value {
-    json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05})
-}
 
 /// A server under test.
 struct Target {
@@ -137,26 +136,6 @@ impl Target {
     fn endpoint(&self) -> loadgen::Endpoint {
         loadgen::Endpoint::mcp(&self.url, self.token.as_deref())
     }
-}
-
-fn call_body(tool: &str, id: u64) -> Vec<u8> {
-    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments()}})
-        .to_string()
-        .into_bytes()
-}
-
-/// The answer carries the right price, from the structured result or from the text content
-/// (the SDK server's dict).
-fn priced(answer: &loadgen::Answer) -> bool {
-    let Some(answer) = answer.json_text().and_then(|text| serde_json::from_str::<Value>(text).ok()) else {
-        return false;
-    };
-    let result = &answer["result"];
-    let price = result["structuredContent"]["price"].as_f64().or_else(|| {
-        let text = result["content"][0]["text"].as_str()?;
-        serde_json::from_str::<Value>(text).ok()?["price"].as_f64()
-    });
-    result.get("isError") != Some(&json!(true)) && price.is_some_and(|p| (p - 10.4506).abs() < 1e-3)
 }
 
 async fn run_cell(target: &Arc<Target>, clients: usize, seconds: f64) -> Cell {

@@ -7,11 +7,14 @@
 #        toolyard.local/python   Debian bookworm minbase with python3 (a python:3-slim stand-in)
 #        toolyard.local/busybox  busybox-static alone: no libc at all (a busybox stand-in)
 #   2. the statically linked runner (cargo, `-C target-feature=+crt-static`);
+#      every binary is of the profile TOOLYARD_IMAGE_PROFILE names: `debug` (the default, what
+#      the tests build) or `release` (for benches on the node: `cargo build --release
+#      --workspace --bins` first);
 #   3. the Dockerfile's images from the binaries built already (`--build-arg BINARIES=prebuilt`):
 #        ghcr.io/toolyard/{gateway,controller,runner,agent,pricing,risk,dev-s3}:<appVersion>
 #      and the test images: the pause and CoreDNS images of the test node, an MCP server on the
-#      official Python SDK, the misbehaving fixtures, and one tool image of each kind the runner
-#      must run in;
+#      official Python SDK, the misbehaving fixtures, one tool image of each kind the runner
+#      must run in, and the node_pool bench's Python SDK server of the pricing function;
 #   4. one `docker save` archive of them all: $TOOLYARD_CACHE/images/images.tar (printed last),
 #      which tests/cluster/cluster.sh imports into the node's containerd.
 #
@@ -20,7 +23,8 @@
 # $TOOLYARD_CACHE/images/docker.
 #
 # Environment: TOOLYARD_CACHE, CARGO_TARGET_DIR (where the workspace's binaries were built),
-# TOOLYARD_DEBIAN_MIRROR (default: mmdebstrap's, deb.debian.org).
+# TOOLYARD_IMAGE_PROFILE (debug or release), TOOLYARD_DEBIAN_MIRROR (default: mmdebstrap's,
+# deb.debian.org).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -39,6 +43,12 @@ GROUP=toolyard-images-$ID
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/toolyard-images-XXXXXX")
 DOCKER=/usr/bin/docker
 SOCK=$WORK/docker.sock
+PROFILE=${TOOLYARD_IMAGE_PROFILE:-debug}
+case $PROFILE in
+  debug) PROFILE_FLAG=() ;;
+  release) PROFILE_FLAG=(--release) ;;
+  *) die "TOOLYARD_IMAGE_PROFILE is debug or release, not '$PROFILE'" ;;
+esac
 
 ((EUID == 0)) || die "building images needs root (dockerd, mmdebstrap)"
 for b in dockerd "$DOCKER" mmdebstrap unshare apt-get dpkg-deb gcc; do
@@ -48,7 +58,7 @@ for b in pause coredns s3s-fs; do
   [[ -x $BIN/$b ]] || die "$BIN/$b is missing: run tests/cluster/build.sh"
 done
 for b in toolyard-gateway toolyard-controller toolyard; do
-  [[ -x $TARGET/debug/$b ]] || die "$TARGET/debug/$b is missing: run 'cargo build --workspace --bins' first"
+  [[ -x $TARGET/$PROFILE/$b ]] || die "$TARGET/$PROFILE/$b is missing: run 'cargo build ${PROFILE_FLAG[*]} --workspace --bins' first"
 done
 mkdir -p "$IMAGES"
 
@@ -144,13 +154,13 @@ BUSYBOX_IMAGE=$(base_image busybox)
 
 # --- 2. binaries ------------------------------------------------------------------------
 log "building the statically linked runner"
-RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet -p toolyard-runner --target x86_64-unknown-linux-gnu \
+RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet "${PROFILE_FLAG[@]}" -p toolyard-runner --target x86_64-unknown-linux-gnu \
   || die "building the static runner failed"
 STAGE=$ROOT/.toolyard/image-bin
 rm -rf "$STAGE"; mkdir -p "$STAGE/data/toolyard"
 # Without debug information: the images hold what a release would run.
-for b in "$TARGET/debug/toolyard-gateway" "$TARGET/debug/toolyard-controller" "$TARGET/debug/toolyard" \
-         "$TARGET/x86_64-unknown-linux-gnu/debug/toolyard-runner" "$BIN/s3s-fs"; do
+for b in "$TARGET/$PROFILE/toolyard-gateway" "$TARGET/$PROFILE/toolyard-controller" "$TARGET/$PROFILE/toolyard" \
+         "$TARGET/x86_64-unknown-linux-gnu/$PROFILE/toolyard-runner" "$BIN/s3s-fs"; do
   objcopy --strip-debug "$b" "$STAGE/$(basename "$b")"
 done
 
@@ -234,10 +244,18 @@ TAGS+=("ghcr.io/toolyard/test-misbehaving:$VERSION")
 
 # An MCP server Toolyard runs in the cluster: the official Python SDK (the version
 # tests/python-requirements.txt pins) and the upstream fixture server, which speaks stdio.
-c=$(context); cp -r "$(py311_site mcp "$(grep '^mcp==' "$ROOT/tests/python-requirements.txt")")" "$c/site"
+MCP_SITE=$(py311_site mcp "$(grep '^mcp==' "$ROOT/tests/python-requirements.txt")")
+c=$(context); cp -r "$MCP_SITE" "$c/site"
 cp "$ROOT/tests/fixtures/python/upstream_server.py" "$c/"
 printf 'FROM %s\nCOPY site /app/site\nCOPY upstream_server.py /app/\nENV PYTHONPATH=/app/site\nUSER 65532:65532\n' "$PYTHON_IMAGE" >"$c/Dockerfile"
 build "toolyard.local/test-mcp-python:$VERSION" "$c"; TAGS+=("toolyard.local/test-mcp-python:$VERSION")
+
+# The node_pool bench's comparison: the official Python SDK serving the pricing example's
+# price_option in-process (tests/benches/python/pricing_server.py), on the pricing image.
+c=$(context); cp -r "$MCP_SITE" "$c/site"; cp "$ROOT/tests/benches/python/pricing_server.py" "$c/"
+printf 'FROM %s\nUSER 0:0\nCOPY site /opt/mcp\nCOPY pricing_server.py /opt/bench/\nRUN python3 -m compileall -q /opt/mcp /opt/bench\nENV PYTHONPATH=/app:/opt/mcp\nUSER 65532:65532\n' \
+  "ghcr.io/toolyard/pricing:$VERSION" >"$c/Dockerfile"
+build "toolyard.local/bench-sdk-pricing:$VERSION" "$c"; TAGS+=("toolyard.local/bench-sdk-pricing:$VERSION")
 
 # One tool image of each kind the runner must run in: glibc only as a library and no shell
 # (distroless), and no libc at all (busybox). Both hold the echo tool: a C program

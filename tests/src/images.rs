@@ -23,3 +23,6 @@ pub const ECHO_BUSYBOX: &str = "toolyard.local/test-echo-busybox:0.1.0";
 /// An MCP server image: Debian's Python with the official MCP Python SDK in `/app/site`
 /// (`PYTHONPATH`) and `/app/upstream_server.py`, the upstream fixture server.
 pub const MCP_PYTHON: &str = "toolyard.local/test-mcp-python:0.1.0";
+/// The node_pool bench's comparison server: the official Python SDK serving the pricing
+/// example's `price_option` (`tests/benches/python/pricing_server.py`) on the pricing image.
+pub const BENCH_SDK_PRICING: &str = "toolyard.local/bench-sdk-pricing:0.1.0";

@@ -18,6 +18,7 @@ use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
 use tokio::sync::OnceCell;
 
+pub mod chart;
 pub mod fixtures;
 pub mod images;
 pub mod local;

@@ -31,7 +31,7 @@ use toolyard_api::{McpTool, ToolCall};
 use toolyard_tests::local::TempDir;
 use toolyard_tests::model_server::{Gate, ScriptedModel, Turn, wait_for_requests};
 use toolyard_tests::traces::{ClientSpan, TraceStore};
-use toolyard_tests::{TestEnv, User, images, random_suffix, repo_path, wait_until};
+use toolyard_tests::{TestEnv, User, chart, images, random_suffix, repo_path, wait_until};
 
 /// One installation of the chart, serving one team namespace.
 struct Install {
@@ -95,35 +95,27 @@ impl Install {
         ]);
 
         // The development S3 server of the walkthrough, in this release's namespace.
-        let s3 = std::fs::read_to_string(repo_path("examples/kind/s3.yaml")).expect("s3.yaml");
-        kubectl_apply(&ns, &s3.replace("namespace: toolyard", &format!("namespace: {ns}")));
-        kubectl(&["-n", &ns, "rollout", "status", "deployment/toolyard-s3", "--timeout=120s"]);
+        chart::deploy_dev_s3(&ns).unwrap_or_else(|e| panic!("{e:#}"));
 
-        let release = format!("toolyard-{}", random_suffix(5));
         let store = TraceStore::get();
         let started = Instant::now();
-        let helm = std::process::Command::new(env.bin_dir().join("helm"))
-            .env("KUBECONFIG", env.kubeconfig(User::Admin))
-            .args(["install", &release, repo_path("charts/toolyard").to_str().expect("utf-8"), "-n", &ns])
-            .args(["-f", repo_path("examples/kind/values.yaml").to_str().expect("utf-8")])
-            .args(["--set", &format!("watchNamespaces={{{team}}}")])
-            .args(["--set", &format!("gateway.storage.s3.endpoint=http://toolyard-s3.{ns}.svc:9000")])
-            .args(["--set", "model.profiles[0].name=scripted", "--set", &format!("model.profiles[0].model={MODEL_ID}")])
-            .args(["--set", &format!("model.profiles[0].baseUrl={}", model.base_url())])
-            .args(["--set", "model.profiles[0].apiKeySecret.name=model-key"])
-            .args(["--set", "model.profiles[0].apiKeySecret.key=api-key"])
+        let sets = [
+            "model.profiles[0].name=scripted".to_owned(),
+            format!("model.profiles[0].model={MODEL_ID}"),
+            format!("model.profiles[0].baseUrl={}", model.base_url()),
+            "model.profiles[0].apiKeySecret.name=model-key".to_owned(),
+            "model.profiles[0].apiKeySecret.key=api-key".to_owned(),
             // Traces to the test's trace store on the host, which run pods may reach.
-            .args(["--set", &format!("tracing.otlpEndpoint={}", store.otlp_endpoint)])
-            .args(["--set", "tracing.env.OTEL_BSP_SCHEDULE_DELAY=200"])
-            .args(["--set", &format!("networkPolicy.collectorTo[0].ipBlock.cidr={}/32", env.host_ip())])
-            .args(["--set", &format!("networkPolicy.collectorPort={}", store.otlp_port())])
-            .args(["--wait", "--timeout", "5m"])
-            .output()
-            .expect("helm runs");
-        if !helm.status.success() {
+            format!("tracing.otlpEndpoint={}", store.otlp_endpoint),
+            "tracing.env.OTEL_BSP_SCHEDULE_DELAY=200".to_owned(),
+            format!("networkPolicy.collectorTo[0].ipBlock.cidr={}/32", env.host_ip()),
+            format!("networkPolicy.collectorPort={}", store.otlp_port()),
+        ];
+        let release = chart::install(&ns, &team, &sets).unwrap_or_else(|e| {
             dump(&ns, &team);
-            panic!("helm install: {}", String::from_utf8_lossy(&helm.stderr));
-        }
+            panic!("{e:#}")
+        });
+        let release = release.name;
 
         // The tools, as the README says, and the test's probes.
         for file in
@@ -295,10 +287,7 @@ impl Install {
 
     async fn stop(mut self) {
         let _ = self.forward.start_kill();
-        let _ = std::process::Command::new(TestEnv::get().bin_dir().join("helm"))
-            .env("KUBECONFIG", TestEnv::get().kubeconfig(User::Admin))
-            .args(["uninstall", &self.release, "-n", &self.ns, "--wait", "--timeout", "2m"])
-            .output();
+        chart::Release { name: self.release.clone(), ns: self.ns.clone() }.uninstall();
         drop(self.dir);
     }
 }

@@ -2,7 +2,8 @@
 (FastMCP) calling the pricing example's `price_option` in-process, over stateless Streamable
 HTTP with JSON responses (what the benchmark's client speaks to both servers).
 
-Usage: PYTHONPATH=examples/pricing pricing_server.py PORT
+Usage: PYTHONPATH=examples/pricing pricing_server.py PORT [HOST]   (HOST: 127.0.0.1 unless given;
+the node_pool bench's pod gives 0.0.0.0)
 """
 
 import sys
@@ -30,4 +31,5 @@ def price_option(
 
 
 if __name__ == "__main__":
-    server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[1]), json_response=True, stateless_http=True)
+    host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
+    server.run("streamable-http", host=host, port=int(sys.argv[1]), json_response=True, stateless_http=True)

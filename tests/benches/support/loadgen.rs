@@ -24,6 +24,8 @@ pub struct Endpoint {
     pub path: String,
     /// Extra header lines, each ending in `\r\n`.
     pub headers: String,
+    /// The `Host` header when it is not `addr` (a server that answers only for its name).
+    pub host: Option<String>,
 }
 
 impl Endpoint {
@@ -39,7 +41,13 @@ impl Endpoint {
         if let Some(t) = token {
             headers.push_str(&format!("authorization: Bearer {t}\r\n"));
         }
-        Endpoint { addr: addr.to_owned(), path: if path.is_empty() { "/".into() } else { path.into() }, headers }
+        let path = if path.is_empty() { "/".into() } else { path.into() };
+        Endpoint { addr: addr.to_owned(), path, headers, host: None }
+    }
+
+    /// The same endpoint, sending `Host: host`.
+    pub fn with_host(self, host: &str) -> Self {
+        Endpoint { host: Some(host.to_owned()), ..self }
     }
 }
 
@@ -74,7 +82,9 @@ impl Connection {
     pub fn new(endpoint: Endpoint) -> Self {
         let head = format!(
             "POST {} HTTP/1.1\r\nhost: {}\r\n{}content-length: ",
-            endpoint.path, endpoint.addr, endpoint.headers
+            endpoint.path,
+            endpoint.host.as_deref().unwrap_or(&endpoint.addr),
+            endpoint.headers
         )
         .into_bytes();
         Connection {
