@@ -254,22 +254,21 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     let admin = env.client(User::Admin).await;
     let release_ns = env.namespace("chart-install").await.unwrap();
     let served = env.namespace("chart-install-served").await.unwrap();
-    let label = random_suffix(8);
-    // Restricted Pod Security enforced where the chart's pods run; the admission policy is
-    // limited to this test's namespace so concurrent tests are not affected.
+    // A namespace this release does not watch (another team's, say).
+    let elsewhere = env.namespace("chart-install-elsewhere").await.unwrap();
+    // Restricted Pod Security enforced where the chart's pods run. The admission policies
+    // apply to the watched namespace alone (no `admission.namespaceSelector` is set), so
+    // concurrent tests, and other releases, are not affected.
     let restricted =
         json!({"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"});
     label_namespace(&admin, &release_ns, restricted.clone()).await;
-    let mut served_labels = restricted;
-    served_labels["toolyard-test-install"] = json!(label);
-    label_namespace(&admin, &served, served_labels).await;
+    label_namespace(&admin, &served, restricted).await;
 
     let release = format!("inst-{}", random_suffix(5));
     let chart = repo_path("charts/toolyard");
     let values = repo_path(CI_VALUES);
     let kubeconfig = env.kubeconfig(User::Admin);
     let watch = format!("watchNamespaces={{{served}}}");
-    let selector = format!("admission.namespaceSelector.matchLabels.toolyard-test-install={label}");
     let out = helm(
         env,
         &[
@@ -284,8 +283,6 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
             values.to_str().unwrap(),
             "--set",
             &watch,
-            "--set",
-            &selector,
         ],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -346,6 +343,26 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
     .await
     .unwrap();
     alice.create(&PostParams::default(), &coding_task("own", "alice")).await.expect("alice's own task");
+    // The policy is this release's, for the namespace it watches: in another namespace (where
+    // another release's policy would decide) it refuses nothing.
+    env.kubectl_as(
+        User::Admin,
+        &[
+            "-n",
+            &elsewhere,
+            "create",
+            "rolebinding",
+            "alice-tasks",
+            &format!("--clusterrole={release}-toolyard-task-runner"),
+            "--user=alice",
+        ],
+    )
+    .expect("bind task-runner elsewhere");
+    let alice_elsewhere: Api<CodingTask> = Api::namespaced(env.client(User::Alice).await, &elsewhere);
+    alice_elsewhere
+        .create(&PostParams::default(), &coding_task("for-bob", "bob"))
+        .await
+        .expect("a namespace the release does not watch is not its policy's business");
 
     // The installed gateway ServiceAccount may create runs for anyone.
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &release_ns);

@@ -117,3 +117,23 @@ The OTEL_* variables of every process (see values `tracing`), as container env e
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The namespaces the admission policies on runs and tools apply to: admission.namespaceSelector
+when set, else the watched namespaces (so that two releases watching different namespaces do
+not refuse each other's gateways), else every namespace.
+*/}}
+{{- define "toolyard.admission.matchResources" -}}
+{{- if .Values.admission.namespaceSelector }}
+matchResources:
+  namespaceSelector:
+    {{- toYaml .Values.admission.namespaceSelector | nindent 4 }}
+{{- else if .Values.watchNamespaces }}
+matchResources:
+  namespaceSelector:
+    matchExpressions:
+      - key: kubernetes.io/metadata.name
+        operator: In
+        values: {{ toJson .Values.watchNamespaces }}
+{{- end }}
+{{- end }}
