@@ -33,10 +33,8 @@ mod pricing;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
-};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, PostParams};
 use pricing::{call_body, priced};
 use toolyard_api::McpTool;
 use toolyard_tests::{TestEnv, User, chart, images, repo_path, wait_until};
@@ -199,37 +197,8 @@ async fn run_cell(target: &Target, storage: &PodCgroup, clients: usize, seconds:
 
 /// The SDK server's pod, hardened as the restricted Pod Security Standard asks.
 fn sdk_pod() -> Pod {
-    Pod {
-        metadata: ObjectMeta { name: Some("sdk-pricing".into()), ..Default::default() },
-        spec: Some(PodSpec {
-            automount_service_account_token: Some(false),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(65532),
-                seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
-                ..Default::default()
-            }),
-            containers: vec![Container {
-                name: "sdk".into(),
-                image: Some(images::BENCH_SDK_PRICING.into()),
-                image_pull_policy: Some("Never".into()),
-                command: Some(
-                    ["python3", "/opt/bench/pricing_server.py", &SDK_PORT.to_string(), "0.0.0.0"]
-                        .map(str::to_owned)
-                        .to_vec(),
-                ),
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: Some(false),
-                    read_only_root_filesystem: Some(true),
-                    capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    let command = ["python3", "/opt/bench/pricing_server.py", &SDK_PORT.to_string(), "0.0.0.0"];
+    toolyard_tests::restricted_pod("sdk-pricing", images::BENCH_SDK_PRICING, command.map(str::to_owned).to_vec())
 }
 
 /// Waits until one correct answer comes back from `endpoint`.

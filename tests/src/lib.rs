@@ -273,3 +273,38 @@ pub fn random_suffix(n: usize) -> String {
 pub fn repo_path(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").join(rel)
 }
+
+/// A pod that passes the restricted Pod Security Standard (non-root user 65532, the runtime's
+/// seccomp profile, no privilege escalation, no capabilities, no ServiceAccount token) running
+/// `command` in `image` once (`restartPolicy: Never`).
+pub fn restricted_pod(name: &str, image: &str, command: Vec<String>) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::{
+        Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, SecurityContext,
+    };
+    Pod {
+        metadata: kube::api::ObjectMeta { name: Some(name.to_owned()), ..Default::default() },
+        spec: Some(PodSpec {
+            restart_policy: Some("Never".into()),
+            automount_service_account_token: Some(false),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(65532),
+                seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                ..Default::default()
+            }),
+            containers: vec![Container {
+                name: "main".into(),
+                image: Some(image.to_owned()),
+                command: Some(command),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

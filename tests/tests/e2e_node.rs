@@ -21,10 +21,8 @@ use std::time::{Duration, Instant};
 
 use coding_support::{Client, MODEL_ID, MODEL_KEY, call, call_in_trace, connect_with, structured, text_of};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Pod, PodSecurityContext, PodSpec, SeccompProfile, Secret, SecurityContext,
-};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, ObjectMeta, PostParams};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::{Map, Value, json};
 use tokio::process::{Child, Command};
 use toolyard_api::{McpTool, ToolCall};
@@ -228,36 +226,8 @@ impl Install {
             ),
         ];
         command.extend(targets.iter().cloned());
-        let pod = Pod {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()),
-                ..Default::default()
-            },
-            spec: Some(PodSpec {
-                restart_policy: Some("Never".into()),
-                automount_service_account_token: Some(false),
-                security_context: Some(PodSecurityContext {
-                    run_as_non_root: Some(true),
-                    run_as_user: Some(65532),
-                    seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
-                    ..Default::default()
-                }),
-                containers: vec![Container {
-                    name: "probe".into(),
-                    image: Some(images::MISBEHAVING.into()),
-                    command: Some(command),
-                    security_context: Some(SecurityContext {
-                        allow_privilege_escalation: Some(false),
-                        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let mut pod = toolyard_tests::restricted_pod(&name, images::MISBEHAVING, command);
+        pod.metadata.labels = Some(labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect());
         pods.create(&PostParams::default(), &pod).await.expect("create probe pod");
         wait_until(Duration::from_secs(120), "the probe pod to finish", || {
             let (pods, name) = (pods.clone(), name.clone());
