@@ -22,7 +22,8 @@
 //! own addresses (the host routes the node's pod network): the gateway's pod, which calls the
 //! pool through its Service, and the SDK server's pod. Only answers with the right price
 //! count. CPU per call is the pods' own CPU time (their cgroups' `cpu.stat`) over the answered
-//! calls: gateway pod plus pool pod (printed `gateway+pool`) against the SDK server's pod; the development S3 server's
+//! calls, read once the S3 server is idle again (the gateway writes each call's files after
+//! its answer): gateway pod plus pool pod (printed `gateway+pool`) against the SDK server's pod; the development S3 server's
 //! pod (where the gateway stores each call's files) is shown apart.
 
 #[path = "support/loadgen.rs"]
@@ -156,7 +157,7 @@ struct Cell {
 }
 
 /// Waits (up to a minute) until the S3 server is idle: the gateway stores a pool call's files
-/// after answering it, so a cell's last records may still be written when the next starts.
+/// after answering it, so a cell's last records are still being written when it ends.
 fn settle(storage: &PodCgroup) {
     for _ in 0..120 {
         let before = storage.cpu_usec();
@@ -177,6 +178,8 @@ async fn run_cell(target: &Target, storage: &PodCgroup, clients: usize, seconds:
         let cpu = |cgroups: &[PodCgroup]| cgroups.iter().map(PodCgroup::cpu_usec).collect::<Vec<_>>();
         let (before, storage_before) = (cpu(&cgroups), storage.cpu_usec());
         let measured = loadgen::run(&endpoint, clients, seconds, move |id| call_body(tool, id), priced);
+        // The cell's last records are written after it: their CPU counts too.
+        settle(&storage);
         let (after, storage_used) = (cpu(&cgroups), storage.cpu_usec() - storage_before);
         let calls = measured.latencies.len().max(1) as f64;
         let cpu_split: Vec<f64> = after.iter().zip(&before).map(|(a, b)| (a - b) / calls).collect();
