@@ -37,7 +37,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use pricing::{call_body, priced};
-use toolyard_api::McpTool;
 use toolyard_tests::{TestEnv, User, chart, images, repo_path, wait_until};
 
 /// The name the bench's clients use for the gateway (the chart's `gateway.allowedHosts`).
@@ -245,16 +244,7 @@ async fn main() {
     let pool = r#"{"spec":{"execution":{"mode":"Pool","timeoutSeconds":30,
         "pool":{"replicas":1,"concurrency":2,"reuseProcess":true,"queue":64}}}}"#;
     kubectl(&["-n", &team, "patch", "mcptool", "price-option", "--type", "merge", "-p", pool]);
-    let tools: Api<McpTool> = Api::namespaced(env.client(User::Admin).await, &team);
-    wait_until(Duration::from_secs(180), "every McpTool Ready (warm pools included)", || {
-        let tools = tools.clone();
-        async move {
-            let list = tools.list(&Default::default()).await?.items;
-            Ok(!list.is_empty() && list.iter().all(McpTool::is_ready))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    chart::wait_tools_ready(&team).await.unwrap_or_else(|e| panic!("{e:#}"));
 
     // A caller: ServiceAccount quant with the chart's tool-caller role.
     kubectl(&["-n", &team, "create", "serviceaccount", "quant"]);

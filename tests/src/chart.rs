@@ -62,3 +62,17 @@ impl Release {
             .output();
     }
 }
+
+/// Waits (up to 3 minutes) until `ns` has McpTools and every one is Ready, warm pools
+/// included.
+pub async fn wait_tools_ready(ns: &str) -> Result<()> {
+    let tools: kube::Api<toolyard_api::McpTool> = kube::Api::namespaced(TestEnv::get().client(User::Admin).await, ns);
+    crate::wait_until(std::time::Duration::from_secs(180), "every McpTool Ready (warm pools included)", || {
+        let tools = tools.clone();
+        async move {
+            let list = tools.list(&Default::default()).await?.items;
+            Ok(!list.is_empty() && list.iter().all(toolyard_api::McpTool::is_ready))
+        }
+    })
+    .await
+}

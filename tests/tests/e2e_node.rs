@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::{Map, Value, json};
 use tokio::process::{Child, Command};
-use toolyard_api::{McpTool, ToolCall};
+use toolyard_api::ToolCall;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::model_server::{Gate, ScriptedModel, Turn, wait_for_requests};
 use toolyard_tests::traces::{ClientSpan, TraceStore};
@@ -121,16 +121,7 @@ impl Install {
         {
             kubectl(&["-n", &team, "apply", "-f", repo_path(file).to_str().expect("utf-8")]);
         }
-        let tools: Api<McpTool> = Api::namespaced(env.client(User::Admin).await, &team);
-        wait_until(Duration::from_secs(180), "every McpTool Ready (warm pools included)", || {
-            let tools = tools.clone();
-            async move {
-                let list = tools.list(&Default::default()).await?.items;
-                Ok(!list.is_empty() && list.iter().all(McpTool::is_ready))
-            }
-        })
-        .await
-        .unwrap_or_else(|e| {
+        chart::wait_tools_ready(&team).await.unwrap_or_else(|e| {
             dump(&ns, &team);
             panic!("{e:#}")
         });
