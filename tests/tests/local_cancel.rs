@@ -93,6 +93,7 @@ async fn cancel_a_call(dir: &TempDir) {
         cancel: cancel.clone(),
         cancel_key: None,
         progress: None,
+        logs: None,
         accepted_at: k8s_openapi::jiff::Timestamp::now(),
         task_started: None,
     };

@@ -27,11 +27,33 @@ use toolyard_tests::upstream::{EverythingServer, UpstreamServer, free_port};
 const TOKEN: &str = "ty_local-upstream-test-token-01";
 
 /// A client that counts progress notifications (and, through its subscription,
-/// `tools/list_changed`).
+/// `tools/list_changed`) and keeps the log messages it hears as `(logger, data)`.
 #[derive(Clone, Default)]
 struct Counting {
     list_changed: Arc<AtomicUsize>,
     progress: Arc<AtomicUsize>,
+    logs: Arc<std::sync::Mutex<Vec<Heard>>>,
+}
+
+/// A log message heard: its logger and data.
+type Heard = (Option<String>, Value);
+
+impl Counting {
+    /// The log messages heard so far, once `n` have come (rmcp hands each to the handler on a
+    /// task of its own, so the last may follow the answer), or after 10 s.
+    async fn logs_once(&self, n: usize) -> Vec<Heard> {
+        for _ in 0..100 {
+            if self.heard().len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::mem::take(&mut *self.heard())
+    }
+
+    fn heard(&self) -> std::sync::MutexGuard<'_, Vec<Heard>> {
+        self.logs.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl ClientHandler for Counting {
@@ -41,6 +63,15 @@ impl ClientHandler for Counting {
 
     async fn on_progress(&self, _params: ProgressNotificationParam, _context: NotificationContext<RoleClient>) {
         self.progress.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.heard().push((params.logger, params.data));
     }
 }
 
@@ -263,7 +294,7 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
 
     let connections = setup.gateway.upstreams.connections();
     let c = &connections["market-data"];
-    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 9, 0), "{c:?}");
+    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 10, 0), "{c:?}");
 
     // Each proxied call's files are stored under the caller's prefix, like a function's: its
     // input, its result (the server's answer in `mcp`) and its event log.
@@ -275,6 +306,60 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
     for event in ["call_accepted", "call_started", "call_finished"] {
         assert!(log.contains(event), "{event} in {log}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_servers_log_messages_reach_the_caller_at_the_level_it_asks() {
+    let markers = TempDir::new("upstream-markers");
+    let port = free_port();
+    let _server = UpstreamServer::start(port, markers.path());
+    let setup = Setup::start(&[("market-data", port)], 30).await;
+    setup.wait_listed("market_data_chatty", true).await;
+    let levels = |logs: &[Heard]| {
+        let mut levels: Vec<String> = logs
+            .iter()
+            .map(|(logger, data)| {
+                assert_eq!(logger.as_deref(), Some("chatty"), "the server's logger name is kept");
+                data["level"].as_str().expect("the server's data").to_owned()
+            })
+            .collect();
+        levels.sort();
+        levels
+    };
+
+    // A 2026-07-28 client hears every message by default, and those at its `_meta` level up.
+    let answer = setup.call("market_data_chatty", json!({})).await;
+    assert_eq!(text(&answer), "logged");
+    assert_eq!(levels(&setup.counts.logs_once(4).await), ["debug", "error", "info", "warning"]);
+    let mut meta = rmcp::model::RequestMetaObject::default();
+    #[allow(deprecated)]
+    meta.set_log_level(rmcp::model::LoggingLevel::Warning);
+    let request = CallToolRequest::new(CallToolRequestParams::new("market_data_chatty"));
+    let options = PeerRequestOptions::no_options().with_meta(meta);
+    let handle = setup
+        .client
+        .send_request_with_option(ClientRequest::CallToolRequest(request), options)
+        .await
+        .expect("tools/call sent");
+    handle.await_response().await.expect("answered");
+    assert_eq!(levels(&setup.counts.logs_once(2).await), ["error", "warning"]);
+
+    // A 2025-11-25 client (no session at the gateway) hears them on the call's own stream.
+    let counts = Counting::default();
+    let config = StreamableHttpClientTransportConfig::with_uri(setup.gateway.mcp_url()).auth_header(TOKEN.to_owned());
+    let legacy = counts
+        .clone()
+        .serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), ClientLifecycleMode::Initialize)
+        .await
+        .expect("MCP client connects");
+    #[allow(deprecated)]
+    legacy
+        .set_level(rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Debug))
+        .await
+        .expect("logging/setLevel is accepted");
+    let answer = legacy.call_tool(CallToolRequestParams::new("market_data_chatty")).await.expect("tools/call");
+    assert_eq!(text(&answer), "logged");
+    assert_eq!(levels(&counts.logs_once(4).await), ["debug", "error", "info", "warning"]);
 }
 
 /// The calls stored under `data`: each one's input, result and first event segment.
@@ -378,9 +463,18 @@ async fn misbehaving_servers_are_timed_out_capped_and_reported_while_the_session
     let hung = setup.call("good_hang", json!({})).await;
     assert_eq!(hung.is_error, Some(true));
     assert!(text(&hung).contains("did not answer within 10 s"), "{hung:?}");
-    // A flood of notifications is absorbed; the answer still arrives.
+    // A flood of notifications is absorbed; the answer still arrives, after at most 1,000 of
+    // the log messages and a warning that says how many were not passed on.
     let flood = setup.call("good_flood", json!({"count": 3000})).await;
     assert_eq!(text(&flood), "sent 3000");
+    let logs = setup.counts.logs_once(1001).await;
+    let (passed, warnings): (Vec<_>, Vec<_>) = logs.iter().partition(|(logger, _)| logger.is_none());
+    assert!(!passed.is_empty() && passed.len() <= 1000, "{} passed on", passed.len());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let warning = warnings[0].1.as_str().expect("text");
+    assert!(warning.ends_with("were not passed on (at most 1000 per call)"), "{warning}");
+    let missed: usize = warning.split(' ').next().and_then(|n| n.parse().ok()).expect("a count");
+    assert_eq!(passed.len() + missed, 3000, "each message passed on or counted");
     // An answer above the cap is refused with a clear error; the caller's session is unharmed
     // and the server is served again (over a new connection if the old one broke).
     let huge = setup.call("good_huge", json!({"megabytes": 50})).await;

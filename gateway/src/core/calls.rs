@@ -20,6 +20,7 @@ use crate::executor::{CallRequest, Executor};
 use crate::identity::Identity;
 use crate::limits::Limits;
 use crate::metrics::{CallOutcome, Metrics, Rejection};
+use crate::upstream::logs::{self, LogMessage, LogReceiver};
 
 /// One tool call as a front door hands it over.
 #[derive(Debug)]
@@ -43,6 +44,9 @@ pub struct CallInput {
     pub cancel_key: Option<String>,
     /// Where the function's progress goes while the caller waits (`None`: nobody asked).
     pub progress: Option<Arc<dyn ProgressSink>>,
+    /// Where the log messages an upstream server sends during the call go (`None`: nobody
+    /// listens).
+    pub logs: Option<Arc<dyn LogSink>>,
     /// Set for a call run as an MCP task: its id (chosen by the front door, which answers
     /// with it), and a signal sent once its run is started where it outlives the request and
     /// this process ([`CallRequest::task_started`]).
@@ -70,6 +74,66 @@ pub trait ProgressSink: Send + Sync {
 impl std::fmt::Debug for dyn ProgressSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ProgressSink")
+    }
+}
+
+/// Takes the log messages an upstream server sends during a call while its caller waits: an
+/// MCP client's `notifications/message`.
+#[async_trait::async_trait]
+pub trait LogSink: Send + Sync {
+    /// One message.
+    async fn log(&self, message: LogMessage);
+}
+
+impl std::fmt::Debug for dyn LogSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LogSink")
+    }
+}
+
+/// The most log messages one call passes on to its caller; the rest are counted.
+pub const MAX_LOG_MESSAGES: usize = 1000;
+
+/// Awaits `execution` while passing the log messages `logs` gets on to `sink` (at most
+/// [`MAX_LOG_MESSAGES`]), then those still queued, all before the answer. When some were not
+/// passed on (over the limit, or dropped while the caller was slower than the server), a last
+/// warning from logger `toolyard` says how many.
+async fn relay_logs<T>(execution: impl Future<Output = T>, mut logs: LogReceiver, sink: &dyn LogSink) -> T {
+    let mut count = LogCount::default();
+    let mut execution = std::pin::pin!(execution);
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut execution => break outcome,
+            Some(message) = logs.recv() => count.pass(message, sink).await,
+        }
+    };
+    while let Some(message) = logs.try_recv() {
+        count.pass(message, sink).await;
+    }
+    let missed = count.over + logs.dropped();
+    if missed > 0 {
+        let text =
+            format!("{missed} log message(s) of this call were not passed on (at most {MAX_LOG_MESSAGES} per call)");
+        sink.log(logs::warning(text)).await;
+    }
+    outcome
+}
+
+/// The log messages of one call passed on, and those over [`MAX_LOG_MESSAGES`].
+#[derive(Default)]
+struct LogCount {
+    passed: usize,
+    over: usize,
+}
+
+impl LogCount {
+    async fn pass(&mut self, message: LogMessage, sink: &dyn LogSink) {
+        if self.passed < MAX_LOG_MESSAGES {
+            self.passed += 1;
+            sink.log(message).await;
+        } else {
+            self.over += 1;
+        }
     }
 }
 
@@ -277,6 +341,14 @@ impl Calls {
             }
             None => (None, None),
         };
+        // Only an upstream server's tool has log messages to pass on.
+        let (logs, log_relay) = match input.logs.filter(|_| tool.upstream.is_some()) {
+            Some(sink) => {
+                let (sender, receiver) = logs::channel();
+                (Some(sender), Some((receiver, sink)))
+            }
+            None => (None, None),
+        };
         let request = CallRequest {
             id: id.clone(),
             tool: tool.clone(),
@@ -287,6 +359,7 @@ impl Calls {
             cancel: input.cancel,
             cancel_key: input.cancel_key,
             progress,
+            logs,
             accepted_at: jiff::Timestamp::now(),
             task_started,
         };
@@ -294,8 +367,14 @@ impl Calls {
         // An upstream server's tool runs on its server's connection, every other on the executor.
         let executor = tool.upstream.as_ref().map_or(&self.executor, |u| &u.executor);
         let execution = executor.call(request).instrument(execute);
-        let outcome = match relay {
-            Some((reports, sink)) => relay_progress(execution, reports, sink.as_ref()).await,
+        let execution = async {
+            match relay {
+                Some((reports, sink)) => relay_progress(execution, reports, sink.as_ref()).await,
+                None => execution.await,
+            }
+        };
+        let outcome = match log_relay {
+            Some((receiver, sink)) => relay_logs(execution, receiver, sink.as_ref()).await,
             None => execution.await,
         };
         self.metrics.calls_in_flight().dec();
@@ -375,6 +454,55 @@ mod tests {
         let outcome = relay_progress(execution, reports, &sink).await;
         assert_eq!(outcome, "answer");
         assert_eq!(*sink.sent.lock().unwrap(), [0.5, 1.0], "no report lost, none repeated");
+    }
+
+    /// Records each log message's data.
+    #[derive(Default)]
+    struct Messages(Mutex<Vec<Value>>);
+
+    #[allow(deprecated)]
+    #[async_trait::async_trait]
+    impl LogSink for Messages {
+        async fn log(&self, message: LogMessage) {
+            self.0.lock().unwrap().push(message.data);
+        }
+    }
+
+    #[allow(deprecated)]
+    fn info(n: usize) -> LogMessage {
+        LogMessage::new(rmcp::model::LoggingLevel::Info, Value::from(n))
+    }
+
+    #[tokio::test]
+    async fn log_messages_reach_the_caller_before_the_answer_and_a_flood_is_capped_and_counted() {
+        let sink = Messages::default();
+        let (sender, receiver) = logs::channel();
+        let execution = async {
+            for n in 0..3 {
+                sender.send(info(n));
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            // The last ones arrive with the answer, still queued when the call ends.
+            sender.send(info(3));
+            "answer"
+        };
+        assert_eq!(relay_logs(execution, receiver, &sink).await, "answer");
+        assert_eq!(*sink.0.lock().unwrap(), [0, 1, 2, 3].map(Value::from), "all of them, in order");
+
+        let sink = Messages::default();
+        let (sender, receiver) = logs::channel();
+        let execution = async {
+            for n in 0..MAX_LOG_MESSAGES + 500 {
+                sender.send(info(n));
+                // The caller keeps up: nothing finds the queue full.
+                tokio::task::yield_now().await;
+            }
+        };
+        relay_logs(execution, receiver, &sink).await;
+        let sent = sink.0.lock().unwrap();
+        assert_eq!(sent.len(), MAX_LOG_MESSAGES + 1, "the limit, then one warning");
+        let warning = sent.last().unwrap().as_str().unwrap();
+        assert!(warning.starts_with("500 log message(s) of this call were not passed on"), "{warning}");
     }
 
     #[tokio::test]

@@ -42,6 +42,9 @@ pub struct CallRequest {
     pub cancel_key: Option<String>,
     /// Where the function's progress reports go while the caller waits (`None`: nobody asked).
     pub progress: Option<events::ProgressSender>,
+    /// Where an upstream server's log messages for the call go while the caller waits
+    /// (`None`: nobody listens).
+    pub logs: Option<crate::upstream::logs::LogSender>,
     /// When the gateway admitted the call (the `call_accepted` event's time).
     pub accepted_at: jiff::Timestamp,
     /// Set for a call run as an MCP task: its run outlives the request and this process

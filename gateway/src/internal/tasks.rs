@@ -156,6 +156,7 @@ pub async fn tool_call(
         cancel,
         cancel_key: None,
         progress: None,
+        logs: None,
         task: None,
     };
     let failed = |text: String, call_id: Option<&RunId>| ToolOutcome {

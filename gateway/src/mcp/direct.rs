@@ -13,7 +13,8 @@
 //! in one place:
 //!
 //! - the body is one JSON-RPC request of `tools/list` or `tools/call` (not a built-in tool,
-//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version or
+//!   not an upstream server's tool, whose log messages may come before the answer, no
+//!   `inputResponses`/`requestState`), without a per-request `_meta` protocol version or
 //!   progress token (progress notifications come before the answer, on rmcp's SSE stream),
 //!   read as that one request type rather than through rmcp's untagged enums
 //!   ([`parse_request`]);
@@ -62,8 +63,14 @@ pub(super) enum Direct {
 }
 
 /// `Some` when the direct path serves this request (see the module docs); `None` sends it to
-/// rmcp. `allowed_hosts` is the setting rmcp enforces.
-pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &AllowedHosts) -> Option<Direct> {
+/// rmcp. `allowed_hosts` is the setting rmcp enforces; `is_upstream` tells an upstream
+/// server's tool by its name.
+pub(super) fn take(
+    parts: &http::request::Parts,
+    body: &[u8],
+    allowed_hosts: &AllowedHosts,
+    is_upstream: impl Fn(&str) -> bool,
+) -> Option<Direct> {
     let headers = &parts.headers;
     if !accepts_json_and_sse(headers)
         || !super::declares_json(headers)
@@ -86,6 +93,7 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
         ClientRequest::CallToolRequest(call)
             if scope != Scope::Search
                 && builtin_of(&scope, &call.params.name).is_none()
+                && !is_upstream(&call.params.name)
                 && call.params.input_responses.is_none()
                 && call.params.request_state.is_none() =>
         {
@@ -189,6 +197,7 @@ impl Direct {
                     cancel: CancellationToken::new(),
                     meta_traceparent: None,
                     progress: None,
+                    logs: None,
                 };
                 let result = handler.list(params, &info).await;
                 handler.count("tools/list", result.is_ok());
@@ -207,6 +216,7 @@ impl Direct {
                             cancel: task_cancel,
                             meta_traceparent: meta.0.get_traceparent(),
                             progress: None,
+                            logs: None,
                         };
                         let result = task_handler.call_registered(params, &info).await;
                         task_handler.count("tools/call", result.is_ok());
@@ -388,22 +398,31 @@ mod tests {
     #[test]
     fn plain_list_and_call_requests_take_the_direct_path() {
         let plain = parts(&[], Scope::All);
-        assert!(matches!(take(&plain, LIST.as_bytes(), &hosts()), Some(Direct::List { .. })));
-        assert!(matches!(take(&plain, call("price_option").as_bytes(), &hosts()), Some(Direct::Call { .. })));
+        assert!(matches!(take(&plain, LIST.as_bytes(), &hosts(), |_| false), Some(Direct::List { .. })));
+        assert!(matches!(
+            take(&plain, call("price_option").as_bytes(), &hosts(), |_| false),
+            Some(Direct::Call { .. })
+        ));
         for version in ["2025-11-25", "2025-06-18", "2025-03-26"] {
             let p = parts(&[("mcp-protocol-version", version)], Scope::All);
-            assert!(take(&p, LIST.as_bytes(), &hosts()).is_some(), "{version}");
+            assert!(take(&p, LIST.as_bytes(), &hosts(), |_| false).is_some(), "{version}");
         }
         for host in ["localhost", "LOCALHOST:1", "[::1]:8080", "127.0.0.1"] {
-            assert!(take(&parts(&[("host", host)], Scope::All), LIST.as_bytes(), &hosts()).is_some(), "{host}");
+            assert!(
+                take(&parts(&[("host", host)], Scope::All), LIST.as_bytes(), &hosts(), |_| false).is_some(),
+                "{host}"
+            );
         }
         assert!(
-            take(&parts(&[("host", "gw.example:443")], Scope::All), LIST.as_bytes(), &AllowedHosts::new(&[])).is_some(),
+            take(&parts(&[("host", "gw.example:443")], Scope::All), LIST.as_bytes(), &AllowedHosts::new(&[]), |_| {
+                false
+            })
+            .is_some(),
             "no list"
         );
         // A built-in's name on a toolset endpoint is just a tool name there.
         let toolset = parts(&[], Scope::Toolset("pricing".into()));
-        assert!(take(&toolset, call("run_coding_task").as_bytes(), &hosts()).is_some());
+        assert!(take(&toolset, call("run_coding_task").as_bytes(), &hosts(), |_| false).is_some());
     }
 
     #[test]
@@ -427,8 +446,12 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#.to_owned(),
             r#"{"jsonrpc":"2.0","id":1,"result":{}}"#.to_owned(),
         ] {
-            assert!(take(&plain, body.as_bytes(), &hosts()).is_none(), "{body}");
+            assert!(take(&plain, body.as_bytes(), &hosts(), |_| false).is_none(), "{body}");
         }
+        // An upstream server's tool may send log messages before its answer: rmcp's SSE.
+        let upstream = |name: &str| name == "md_get_quote";
+        assert!(take(&plain, call("md_get_quote").as_bytes(), &hosts(), upstream).is_none());
+        assert!(take(&plain, call("price_option").as_bytes(), &hosts(), upstream).is_some());
         for headers in [
             vec![("mcp-protocol-version", "2026-07-28")],
             vec![("mcp-protocol-version", "1999-01-01")],
@@ -441,10 +464,13 @@ mod tests {
             vec![("host", "localhost.evil.example:8080")],
             vec![("host", "not a host")],
         ] {
-            assert!(take(&parts(&headers, Scope::All), LIST.as_bytes(), &hosts()).is_none(), "{headers:?}");
+            assert!(take(&parts(&headers, Scope::All), LIST.as_bytes(), &hosts(), |_| false).is_none(), "{headers:?}");
         }
         let pinned = AllowedHosts::new(&["127.0.0.1:9000".to_owned()]);
-        assert!(take(&plain, LIST.as_bytes(), &pinned).is_none(), "an allowed host with a port pins the port");
+        assert!(
+            take(&plain, LIST.as_bytes(), &pinned, |_| false).is_none(),
+            "an allowed host with a port pins the port"
+        );
     }
 
     /// rmcp's own reading of a body, for comparison.

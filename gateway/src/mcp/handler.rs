@@ -27,11 +27,12 @@ use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::{Prompt, PromptError, ResourceError, ServedResource, Tool};
 use crate::core::access::Selection;
 use crate::core::ids::is_traceparent;
-use crate::core::{CallError, CallInput, ProgressSink, TaskStart};
+use crate::core::{CallError, CallInput, LogSink, ProgressSink, TaskStart};
 use crate::executor::CallState;
 use crate::identity::Identity;
 use crate::metrics::{CallOutcome, Rejection};
 use crate::state::AppState;
+use crate::upstream::logs::{LogMessage, severity, severity_of};
 use rmcp::model::{CreateTaskResult, DetailedTask, Task, TaskPayload, TaskStatus as McpTaskStatus};
 use toolyard_api::mcptool::ExecutionMode;
 use toolyard_api::protocol::CallErrorKind;
@@ -140,6 +141,10 @@ pub(super) struct RequestInfo<'a> {
     /// Where the call's progress goes: the client's `notifications/progress`, when its request
     /// carried a progress token.
     pub progress: Option<Arc<dyn ProgressSink>>,
+    /// Where an upstream server's log messages during the call go: the client's
+    /// `notifications/message`, on the request's SSE stream (`None` on the direct path, which
+    /// serves no upstream server's tool).
+    pub logs: Option<Arc<dyn LogSink>>,
 }
 
 /// A call's progress as `notifications/progress` for the request's progress token: the
@@ -161,6 +166,24 @@ impl ProgressSink for ClientProgress {
     }
 }
 
+/// An upstream server's log messages as `notifications/message`, those at least as severe as
+/// the request's `_meta` `io.modelcontextprotocol/logLevel` (all of them without one).
+struct ClientLogs {
+    peer: Peer<RoleServer>,
+    least: u8,
+}
+
+#[async_trait::async_trait]
+impl LogSink for ClientLogs {
+    async fn log(&self, message: LogMessage) {
+        if severity_of(&message) >= self.least {
+            // A client that went away gets nothing more; the call's own end follows.
+            #[allow(deprecated)]
+            let _ = self.peer.notify_logging_message(message).await;
+        }
+    }
+}
+
 impl<'a> RequestInfo<'a> {
     /// The request as rmcp's service hands it to the handler.
     pub fn from_context(context: &'a RequestContext<RoleServer>) -> Self {
@@ -173,6 +196,10 @@ impl<'a> RequestInfo<'a> {
                 .meta
                 .get_progress_token()
                 .map(|token| Arc::new(ClientProgress { peer: context.peer.clone(), token }) as Arc<dyn ProgressSink>),
+            logs: Some(Arc::new(ClientLogs {
+                peer: context.peer.clone(),
+                least: context.meta.log_level().map_or(0, severity),
+            })),
         }
     }
 
@@ -466,6 +493,7 @@ impl McpHandler {
             cancel: cancel.clone(),
             cancel_key: Some(cancel_key.clone()),
             progress: None,
+            logs: None,
             task: Some(TaskStart { id: id.clone(), started: admitted }),
         };
         let (calls, cancels) = (Arc::clone(&self.state.calls), Arc::clone(&self.state.cancels));
@@ -639,6 +667,7 @@ impl McpHandler {
             cancel,
             cancel_key: Some(cancel_key),
             progress: info.progress.clone(),
+            logs: info.logs.clone(),
             task: None,
         };
         match self.state.calls.call(input).await {
@@ -870,6 +899,8 @@ impl ServerHandler for McpHandler {
         Ok(result)
     }
 
+    // Logging is deprecated in MCP (SEP-2577), not gone: it stays advertised while served.
+    #[allow(deprecated)]
     fn get_info(&self) -> ServerConfig {
         let capabilities = if self.state.tasks.is_some() {
             ServerCapabilities::builder()
@@ -881,6 +912,7 @@ impl ServerHandler for McpHandler {
                 .enable_resources()
                 .enable_resources_subscribe()
                 .enable_tasks()
+                .enable_logging()
                 .build()
         } else {
             ServerCapabilities::builder()
@@ -890,10 +922,25 @@ impl ServerHandler for McpHandler {
                 .enable_tools()
                 .enable_tool_list_changed()
                 .enable_resources()
+                .enable_logging()
                 .build()
         };
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new(self.state.settings.server_name.clone(), env!("CARGO_PKG_VERSION")))
+    }
+
+    /// `logging/setLevel` (2025 revisions) is accepted, but the gateway keeps no session to
+    /// hold a level for later requests: every log message a server sends during a call is
+    /// passed on, unless the call itself names a level (`_meta`
+    /// `io.modelcontextprotocol/logLevel`, as 2026-07-28 clients send it).
+    #[allow(deprecated)]
+    async fn set_level(
+        &self,
+        _request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.count("logging/setLevel", true);
+        Ok(())
     }
 
     /// Suggestions for an argument of an upstream prompt or resource template.

@@ -97,7 +97,8 @@ impl McpService {
     /// notifications, and the call it names may run on any replica (see [`cancel`]).
     pub async fn post(&self, mut parts: http::request::Parts, body: Bytes) -> Response<Body> {
         same_origin(&mut parts.headers);
-        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
+        let is_upstream = |name: &str| self.handler.state().catalog.get(name).is_some_and(|t| t.upstream.is_some());
+        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts, is_upstream) {
             return direct.serve(&self.handler, parts, &self.stop).await;
         }
         if let Some(request_id) = cancel::cancelled_request_id(&body)

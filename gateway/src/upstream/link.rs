@@ -4,9 +4,10 @@
 //!
 //! The connection sends only the server's own credential (from its McpServer), never a
 //! caller's token. A call passes on its arguments, the caller's trace context (`_meta.traceparent`),
-//! its progress (the server's `notifications/progress` with a `total` become the caller's) and
-//! its cancellation (`notifications/cancelled` to the server); the answer comes back unchanged
-//! in [`CallResult::mcp`].
+//! its progress (the server's `notifications/progress` with a `total` become the caller's), its
+//! log messages (over Streamable HTTP: [`super::logs`]) and its cancellation
+//! (`notifications/cancelled` to the server); the answer comes back unchanged in
+//! [`CallResult::mcp`].
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -36,6 +37,7 @@ use crate::executor::events::{self, ProgressSender};
 use crate::executor::local::{Launch, gateway_only_env};
 use crate::executor::pool::{CallRecord, CallRecords};
 use crate::executor::{CallRequest, Executor};
+use crate::upstream::logs::{CallStreams, LogRoute};
 
 /// Largest answer (one JSON body or SSE event) taken from an upstream server.
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -224,7 +226,7 @@ fn http_session(
     if let Some((name, value)) = credential {
         config = config.custom_headers(HashMap::from([(name.clone(), value.clone())]));
     }
-    let transport = StreamableHttpClientTransport::with_client(http, config);
+    let transport = StreamableHttpClientTransport::with_client(CallStreams(http), config);
     Box::pin(listener.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize))
 }
 
@@ -457,12 +459,13 @@ impl Link {
             meta.0.insert("traceparent".into(), Value::String(traceparent.clone()));
             params.meta = Some(meta);
         }
+        let mut call = CallToolRequest::new(params);
+        if let Some(logs) = &request.logs {
+            call.extensions.insert(LogRoute(logs.clone()));
+        }
         // The call's deadline is kept below, where a cancellation also ends the wait.
         let options = PeerRequestOptions::no_options();
-        let handle = match peer
-            .send_request_with_option(ClientRequest::CallToolRequest(CallToolRequest::new(params)), options)
-            .await
-        {
+        let handle = match peer.send_request_with_option(ClientRequest::CallToolRequest(call), options).await {
             Ok(handle) => handle,
             Err(e) => {
                 self.broken.notify_one();

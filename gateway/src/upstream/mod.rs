@@ -19,6 +19,7 @@
 
 pub mod kube;
 pub mod link;
+pub mod logs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
