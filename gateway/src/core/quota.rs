@@ -6,6 +6,10 @@
 //! same figure. Listing costs as much as the owner has stored (a request per 1,000 objects on
 //! S3), so it stays off the call path: a check uses the last figure, and one older than
 //! [`USAGE_TTL`] starts a measurement in the background that the checks after it will use.
+//! While an owner is below half the quota, a figure stays in use one more TTL per
+//! [`OBJECTS_PER_TTL`] files they have (at most [`MAX_TTL_SCALE`] TTLs), so that a long history
+//! is not listed again every 30 s: far from the quota, a later figure cannot let them pass it
+//! by much.
 //! Only an owner's first check (or the first after they deleted something through this
 //! replica) waits for a measurement, and concurrent checks share one. One call or task
 //! admitted just below the quota may still store its own files (each is capped on its own:
@@ -24,6 +28,23 @@ use crate::store::ArtifactStore;
 /// How long a measured usage is used before it is measured again.
 pub const USAGE_TTL: Duration = Duration::from_secs(30);
 
+/// Files per TTL a figure stays in use while its owner is below half the quota.
+pub const OBJECTS_PER_TTL: usize = 10_000;
+
+/// The most TTLs a figure stays in use (an hour at the default TTL).
+pub const MAX_TTL_SCALE: u32 = 120;
+
+/// How long a figure of `bytes` in `objects` files stays in use: `ttl`, and while that is
+/// below half of `limit`, one more `ttl` per [`OBJECTS_PER_TTL`] files, up to
+/// [`MAX_TTL_SCALE`] of them.
+fn validity(ttl: Duration, limit: u64, bytes: u64, objects: usize) -> Duration {
+    if bytes >= limit / 2 {
+        return ttl;
+    }
+    let scale = u32::try_from(objects / OBJECTS_PER_TTL).unwrap_or(u32::MAX).clamp(1, MAX_TTL_SCALE);
+    ttl.saturating_mul(scale)
+}
+
 /// The top-level folders of an owner's files.
 const FOLDERS: [&str; 2] = ["calls/", "tasks/"];
 
@@ -33,8 +54,8 @@ type Measuring = Shared<BoxFuture<'static, Result<u64, String>>>;
 /// What is known of one owner's usage.
 #[derive(Default)]
 struct Usage {
-    /// The last figure and when it was measured.
-    measured: Option<(u64, Instant)>,
+    /// The last figure, when it was measured, and how long it stays in use ([`validity`]).
+    measured: Option<(u64, Instant, Duration)>,
     /// The measurement running now, if any.
     measuring: Option<Measuring>,
     /// Bumped by a deletion: a measurement started before it records nothing.
@@ -102,8 +123,8 @@ impl StorageQuota {
             let mut usages = lock(&self.usages);
             let usage = usages.entry(owner.as_str().to_owned()).or_default();
             match usage.measured {
-                Some((bytes, at)) if at.elapsed() < self.ttl => return Ok(bytes),
-                Some((bytes, _)) => {
+                Some((bytes, at, valid)) if at.elapsed() < valid => return Ok(bytes),
+                Some((bytes, _, _)) => {
                     if usage.measuring.is_none() {
                         let measuring = self.measure(owner, usage.epoch);
                         usage.measuring = Some(measuring.clone());
@@ -124,13 +145,16 @@ impl StorageQuota {
     /// deleted something since `epoch`.
     fn measure(&self, owner: &OwnerKey, epoch: u64) -> Measuring {
         let (store, usages, owner) = (Arc::clone(&self.store), Arc::clone(&self.usages), owner.clone());
+        let (ttl, limit) = (self.ttl, self.limit);
         async move {
-            let total: crate::Result<u64> = async {
-                let mut sum = 0u64;
+            let total: crate::Result<(u64, usize)> = async {
+                let (mut sum, mut objects) = (0u64, 0usize);
                 for folder in FOLDERS {
-                    sum = store.list(&owner, folder).await?.iter().fold(sum, |sum, o| sum.saturating_add(o.size));
+                    let listed = store.list(&owner, folder).await?;
+                    objects += listed.len();
+                    sum = listed.iter().fold(sum, |sum, o| sum.saturating_add(o.size));
                 }
-                Ok(sum)
+                Ok((sum, objects))
             }
             .await;
             let mut usages = lock(&usages);
@@ -140,9 +164,9 @@ impl StorageQuota {
                 usage.measuring = None;
             }
             match total {
-                Ok(bytes) => {
+                Ok((bytes, objects)) => {
                     if current {
-                        usage.measured = Some((bytes, Instant::now()));
+                        usage.measured = Some((bytes, Instant::now(), validity(ttl, limit, bytes, objects)));
                     }
                     Ok(bytes)
                 }
@@ -266,6 +290,18 @@ mod tests {
         assert!(reached.is_some_and(|m| m.contains("200 bytes of your 150 bytes")), "the new figure is used");
         assert_eq!(store.lists.load(Ordering::SeqCst), 4, "one more measurement");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_long_history_far_from_the_quota_is_measured_less_often() {
+        let (ttl, limit) = (USAGE_TTL, 10 << 30);
+        assert_eq!(validity(ttl, limit, 1 << 20, 0), ttl);
+        assert_eq!(validity(ttl, limit, 1 << 20, 9_999), ttl);
+        // 100,000 calls of four files each, 1 GiB in all: listed every 20 minutes, not 30 s.
+        assert_eq!(validity(ttl, limit, 1 << 30, 400_000), ttl * 40);
+        assert_eq!(validity(ttl, limit, 1 << 30, 100_000_000), ttl * MAX_TTL_SCALE, "bounded");
+        // Near the quota, every TTL, however long the history.
+        assert_eq!(validity(ttl, limit, limit / 2, 400_000), ttl);
     }
 
     #[test]
