@@ -45,6 +45,7 @@ pub async fn run(shared: Arc<Shared>, scopes: Vec<Scope>, shutdown: Cancellation
         readiness.push(ready);
     }
     let stop = shutdown.clone();
+    let listed = synced.clone();
     set.spawn(async move {
         let all = async {
             for ready in readiness {
@@ -53,13 +54,32 @@ pub async fn run(shared: Arc<Shared>, scopes: Vec<Scope>, shutdown: Cancellation
         };
         tokio::select! {
             () = all => {
-                synced.store(true, Ordering::Release);
+                listed.store(true, Ordering::Release);
                 info!("caches synced");
             }
             () = stop.cancelled() => {}
         }
     });
-    while set.join_next().await.is_some() {}
+    // A stop lets in-flight reconciles finish. But kube-runtime holds a controller's runner
+    // until its cache has listed, and after the stop nothing lists any more: a stop that comes
+    // before every cache has listed would wait for ever. No reconcile has run in a controller
+    // whose cache has not listed, so then the controllers are stopped at once (any other one's
+    // in-flight reconcile ends as if the replica had died, and is done again by the next leader).
+    let unsynced_stop = async {
+        shutdown.cancelled().await;
+        if synced.load(Ordering::Acquire) {
+            std::future::pending::<()>().await;
+        }
+    };
+    let finished = tokio::select! {
+        () = async { while set.join_next().await.is_some() {} } => true,
+        () = unsynced_stop => false,
+    };
+    if !finished {
+        warn!("stopped before the caches listed: stopping the controllers at once");
+        set.abort_all();
+        while set.join_next().await.is_some() {}
+    }
 }
 
 fn api<K>(client: &Client, scope: &Scope) -> Api<K>

@@ -67,6 +67,18 @@ async fn killed_controller_restarts_and_the_call_still_finishes() {
 }
 
 #[tokio::test]
+async fn a_controller_stopped_before_its_caches_list_stops_at_once() {
+    // bob may list nothing in the namespace: the controller's watches never list.
+    let (ns, _client) = namespace("ctl-unlisted").await;
+    let key = KeyFile::new();
+    let replica = Replica::start(config(&ns, &key, &[]), User::Bob).await;
+    let (ready, _) = replica.scrape("/readyz").await;
+    assert_eq!(ready, 503, "not ready before its caches have listed");
+    // Waits at most WAIT; kube-runtime would hold each controller until its cache listed.
+    replica.stop().await;
+}
+
+#[tokio::test]
 async fn with_two_replicas_only_the_leader_reconciles_and_writes() {
     let (ns, client) = namespace("ctl-leader").await;
     let key = KeyFile::new();
