@@ -3,7 +3,7 @@
 use toolyard_api::{Owner, OwnerKey};
 
 /// Who is calling, as established by an [`crate::auth::Authenticator`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Identity {
     /// Who vouched: `apikey`, an OIDC issuer URL, `kubernetes`, `local`.
     pub issuer: String,

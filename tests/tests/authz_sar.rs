@@ -6,7 +6,7 @@
 mod auth_support;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use auth_support::rbac::{self, Ask, subject};
 use toolyard_gateway::Identity;
@@ -331,8 +331,13 @@ async fn a_batch_decides_like_single_questions_with_one_broad_review_per_namespa
     let refs: Vec<&Tool> = tools.iter().collect();
 
     let batch = authorizer().await;
+    let asked_at = Instant::now();
     let decided = batch.can_call_each(&dora, &refs).await.expect("decisions");
-    assert_eq!(decided, expected);
+    assert_eq!(decided.allowed, expected);
+    // The answers hold until the first of their decisions expires: the denies, asked now.
+    let hold_until = decided.hold_until.expect("the decisions hold for a while");
+    let deny_ttl = SarSettings::default().deny_ttl;
+    assert!(hold_until > asked_at + deny_ttl / 2 && hold_until <= Instant::now() + deny_ttl, "{hold_until:?}");
     // Broad: 3 namespaces for McpTools, 1 for McpServers. Named: the 8 tools of `named` and
     // `none`, the md server (which allows), the research server and research/search.
     let reviews = batch.reviews_sent();
@@ -344,6 +349,8 @@ async fn a_batch_decides_like_single_questions_with_one_broad_review_per_namespa
     }
     assert_eq!(single.reviews_sent(), reviews, "the same questions, asked one by one");
     let before = batch.reviews_sent();
-    assert_eq!(batch.can_call_each(&dora, &refs).await.expect("decisions"), expected);
+    let cached = batch.can_call_each(&dora, &refs).await.expect("decisions");
+    assert_eq!(cached.allowed, expected);
     assert_eq!(batch.reviews_sent(), before, "cached");
+    assert_eq!(cached.hold_until, Some(hold_until), "cached decisions hold only as long as they did");
 }

@@ -25,9 +25,14 @@ impl<K: Hash + Eq, V: Clone> TtlCache<K, V> {
 
     /// The value for `key` if present and not expired.
     pub fn get(&self, key: &K) -> Option<V> {
+        self.get_with_expiry(key).map(|(value, _)| value)
+    }
+
+    /// The value for `key` if present and not expired, and when it expires.
+    pub fn get_with_expiry(&self, key: &K) -> Option<(V, Instant)> {
         let mut entries = self.lock();
         match entries.get(key) {
-            Some((expires, value)) if *expires > Instant::now() => Some(value.clone()),
+            Some((expires, value)) if *expires > Instant::now() => Some((value.clone(), *expires)),
             Some(_) => {
                 entries.remove(key);
                 None
@@ -36,10 +41,10 @@ impl<K: Hash + Eq, V: Clone> TtlCache<K, V> {
         }
     }
 
-    /// Stores `value` for `ttl`. A zero `ttl` stores nothing.
-    pub fn insert(&self, key: K, value: V, ttl: Duration) {
+    /// Stores `value` for `ttl`, and returns when it expires. A zero `ttl` stores nothing.
+    pub fn insert(&self, key: K, value: V, ttl: Duration) -> Option<Instant> {
         if ttl.is_zero() {
-            return;
+            return None;
         }
         let now = Instant::now();
         let mut entries = self.lock();
@@ -50,6 +55,7 @@ impl<K: Hash + Eq, V: Clone> TtlCache<K, V> {
             }
         }
         entries.insert(key, (now + ttl, value));
+        Some(now + ttl)
     }
 
     /// Number of entries (expired ones included until touched).

@@ -204,8 +204,12 @@ impl Authenticator for TokenReviewAuthenticator {
         }
         let result = self.review(token).await;
         match &result {
-            Ok(identity) => self.accepted.insert(key, identity.clone(), self.settings.positive_ttl),
-            Err(e) if !e.is_unavailable() => self.refused.insert(key, e.clone(), self.settings.negative_ttl),
+            Ok(identity) => {
+                self.accepted.insert(key, identity.clone(), self.settings.positive_ttl);
+            }
+            Err(e) if !e.is_unavailable() => {
+                self.refused.insert(key, e.clone(), self.settings.negative_ttl);
+            }
             Err(_) => {}
         }
         result.map(Some)

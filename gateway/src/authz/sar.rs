@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use futures::future::{BoxFuture, Shared};
@@ -30,9 +30,9 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::api::{Api, PostParams};
 
-use super::Authorizer;
 use super::metrics::AuthzMetrics;
 use super::subject::{Subject, SubjectMapping};
+use super::{Authorizer, Decisions};
 use crate::auth::cache::TtlCache;
 use crate::catalog::{Prompt, ServedResource, Tool};
 use crate::identity::Identity;
@@ -96,11 +96,19 @@ struct Question {
 /// `Some(allowed)`, or `None` when the review failed.
 type Answer = Option<bool>;
 
+/// An answer and until when it holds (`None`: a failed review, which is not kept).
+type Held = (Answer, Option<Instant>);
+
+/// Until when two answers both hold.
+fn both_hold(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    a.zip(b).map(|(a, b)| a.min(b))
+}
+
 struct Inner {
     api: Api<SubjectAccessReview>,
     settings: SarSettings,
     cache: TtlCache<Question, bool>,
-    inflight: Mutex<HashMap<Question, Shared<BoxFuture<'static, Answer>>>>,
+    inflight: Mutex<HashMap<Question, Shared<BoxFuture<'static, Held>>>>,
     reviews: AtomicU64,
     metrics: AuthzMetrics,
 }
@@ -138,9 +146,9 @@ impl SarAuthorizer {
         self.inner.reviews.load(Ordering::Relaxed)
     }
 
-    async fn ask(&self, question: &Question) -> Answer {
-        if let Some(allowed) = self.inner.cache.get(question) {
-            return Some(allowed);
+    async fn ask(&self, question: &Question) -> Held {
+        if let Some((allowed, until)) = self.inner.cache.get_with_expiry(question) {
+            return (Some(allowed), Some(until));
         }
         let shared = {
             let mut inflight = self.inner.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -151,12 +159,12 @@ impl SarAuthorizer {
                 let q = question.clone();
                 let fut = async move {
                     let answer = inner.review(&q).await;
-                    if let Some(allowed) = answer {
+                    let until = answer.and_then(|allowed| {
                         let ttl = if allowed { inner.settings.allow_ttl } else { inner.settings.deny_ttl };
-                        inner.cache.insert(q.clone(), allowed, ttl);
-                    }
+                        inner.cache.insert(q.clone(), allowed, ttl)
+                    });
                     inner.inflight.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&q);
-                    answer
+                    (answer, until)
                 }
                 .boxed()
                 .shared();
@@ -168,24 +176,27 @@ impl SarAuthorizer {
     }
 
     /// Asks `call` on `resource` for each of `names` in turn (the broadest grant first): the
-    /// first allow decides; a failed review ends the questions as a deny.
+    /// first allow decides; a failed review ends the questions as a deny. The answer holds
+    /// while every answer asked for it does (without a question: not to be reused).
     async fn first_allow(
         &self,
         subject: &Arc<Subject>,
         resource: &'static str,
         namespace: &str,
         names: Vec<Option<String>>,
-    ) -> Answer {
-        let mut answer = Some(false);
-        for name in names {
+    ) -> Held {
+        let (mut answer, mut until) = (Some(false), None);
+        for (i, name) in names.into_iter().enumerate() {
             let question =
                 Question { subject: subject.clone(), verb: CALL_VERB, resource, namespace: namespace.to_owned(), name };
-            answer = self.ask(&question).await;
+            let held = self.ask(&question).await;
+            answer = held.0;
+            until = if i == 0 { held.1 } else { both_hold(until, held.1) };
             if answer != Some(false) {
                 break;
             }
         }
-        answer
+        (answer, until)
     }
 
     fn subject(&self, who: &Identity) -> Arc<Subject> {
@@ -278,14 +289,14 @@ fn server_names(server: &str, item: &str) -> Vec<Option<String>> {
 impl Authorizer for SarAuthorizer {
     async fn can_call(&self, who: &Identity, tool: &Tool) -> crate::Result<bool> {
         let (resource, names) = grants_of(tool);
-        let answer = self.first_allow(&self.subject(who), resource, &tool.namespace, names).await;
+        let (answer, _) = self.first_allow(&self.subject(who), resource, &tool.namespace, names).await;
         Ok(self.record("call", answer))
     }
 
     /// One subject for the batch; the broadest question of each namespace (all its tools, or
     /// all its servers) asked once, and the narrower ones only for the tools it does not allow,
     /// [`NARROW_CONCURRENCY`] at a time.
-    async fn can_call_each(&self, who: &Identity, tools: &[&Tool]) -> crate::Result<Vec<bool>> {
+    async fn can_call_each(&self, who: &Identity, tools: &[&Tool]) -> crate::Result<Decisions> {
         let subject = self.subject(who);
         let mut keys: Vec<(&'static str, String)> =
             tools.iter().map(|t| (resource_of(t), t.namespace.clone())).collect();
@@ -297,34 +308,36 @@ impl Authorizer for SarAuthorizer {
         for (resource, namespace) in keys {
             let question = Question { subject: subject.clone(), verb: CALL_VERB, resource, namespace, name: None };
             broad_questions.push(async move {
-                let answer = self.ask(&question).await;
-                ((question.resource, question.namespace), answer)
+                let held = self.ask(&question).await;
+                ((question.resource, question.namespace), held)
             });
         }
-        let mut broad: Vec<((&'static str, String), Answer)> =
+        let mut broad: Vec<((&'static str, String), Held)> =
             futures::stream::iter(broad_questions).buffer_unordered(NARROW_CONCURRENCY).collect().await;
         broad.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut narrow_questions = Vec::with_capacity(tools.len());
         for tool in tools {
             let resource = resource_of(tool);
-            let decided: Answer = broad
+            let decided: Held = broad
                 .binary_search_by(|((r, ns), _)| (*r, ns.as_str()).cmp(&(resource, tool.namespace.as_str())))
-                .ok()
-                .and_then(|i| broad[i].1);
+                .map_or((None, None), |i| broad[i].1);
             let subject = &subject;
             narrow_questions.push(async move {
                 // As in `first_allow`: an allow decides, a failed review denies, and after a
                 // deny the narrower grants are asked.
-                if decided != Some(false) {
+                if decided.0 != Some(false) {
                     return decided;
                 }
                 let (_, mut names) = grants_of(tool);
                 names.retain(Option::is_some);
-                self.first_allow(subject, resource, &tool.namespace, names).await
+                let (answer, until) = self.first_allow(subject, resource, &tool.namespace, names).await;
+                (answer, both_hold(decided.1, until))
             });
         }
-        let answers: Vec<Answer> = futures::stream::iter(narrow_questions).buffered(NARROW_CONCURRENCY).collect().await;
-        Ok(answers.into_iter().map(|answer| self.record("call", answer)).collect())
+        let answers: Vec<Held> = futures::stream::iter(narrow_questions).buffered(NARROW_CONCURRENCY).collect().await;
+        let hold_until = answers.iter().map(|(_, until)| *until).reduce(both_hold).flatten();
+        let allowed = answers.into_iter().map(|(answer, _)| self.record("call", answer)).collect();
+        Ok(Decisions { allowed, hold_until })
     }
 
     async fn can_get_prompt(&self, who: &Identity, prompt: &Prompt) -> crate::Result<bool> {
@@ -333,13 +346,13 @@ impl Authorizer for SarAuthorizer {
         } else {
             (SERVERS_RESOURCE, server_names(&prompt.object_name, &prompt.upstream_name))
         };
-        let answer = self.first_allow(&self.subject(who), resource, &prompt.namespace, names).await;
+        let (answer, _) = self.first_allow(&self.subject(who), resource, &prompt.namespace, names).await;
         Ok(self.record("prompt", answer))
     }
 
     async fn can_read_resource(&self, who: &Identity, resource: &ServedResource) -> crate::Result<bool> {
         let names = vec![None, Some(resource.object_name.clone())];
-        let answer = self.first_allow(&self.subject(who), SERVERS_RESOURCE, &resource.namespace, names).await;
+        let (answer, _) = self.first_allow(&self.subject(who), SERVERS_RESOURCE, &resource.namespace, names).await;
         Ok(self.record("resource", answer))
     }
 
@@ -351,7 +364,7 @@ impl Authorizer for SarAuthorizer {
             namespace: namespace.to_owned(),
             name: None,
         };
-        let answer = self.ask(&question).await;
+        let (answer, _) = self.ask(&question).await;
         Ok(self.record("task", answer))
     }
 
@@ -363,7 +376,7 @@ impl Authorizer for SarAuthorizer {
             namespace: namespace.to_owned(),
             name: Some(profile.to_owned()),
         };
-        let answer = self.ask(&question).await;
+        let (answer, _) = self.ask(&question).await;
         Ok(self.record("model", answer))
     }
 }

@@ -1,7 +1,8 @@
 //! The tool catalog: which tools exist, with compiled argument validators.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use toolyard_api::mcptool::McpToolSpec;
 
@@ -36,6 +37,9 @@ pub struct Tool {
     /// Set for a tool of an upstream MCP server (an McpServer): where its calls go. `spec` then
     /// describes it as the server listed it, under its name on the gateway, with no runtime.
     pub upstream: Option<Upstream>,
+    /// The tool's MCP definition as JSON, made by the MCP layer the first time a listing needs
+    /// it (`mcp::convert::to_mcp_json`); later listings copy it instead of serializing the tool.
+    pub mcp_json: OnceLock<Box<RawValue>>,
 }
 
 /// Where the calls of an upstream server's tool go.
@@ -81,6 +85,7 @@ impl Tool {
             output_schema,
             endpoint: None,
             upstream: None,
+            mcp_json: OnceLock::new(),
         }
     }
 

@@ -2,6 +2,7 @@
 
 use rmcp::model::{CallToolResult, ContentBlock, Tool as McpTool, ToolAnnotations};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use toolyard_api::protocol::{CallResult, structured_content};
 
 use crate::catalog::Tool;
@@ -28,6 +29,15 @@ pub fn to_mcp_tool(tool: &Tool) -> McpTool {
         ));
     }
     out
+}
+
+/// [`to_mcp_tool`] as JSON, serialized once per tool (kept in [`Tool::mcp_json`]).
+pub fn to_mcp_json(tool: &Tool) -> &RawValue {
+    tool.mcp_json.get_or_init(|| {
+        // Strings, maps with string keys and booleans: nothing in a tool's definition can
+        // fail to serialize.
+        serde_json::value::to_raw_value(&to_mcp_tool(tool)).expect("a tool definition is JSON")
+    })
 }
 
 /// The MCP result of a finished call: an upstream server's answer as it came; otherwise on

@@ -24,7 +24,9 @@
 //!   `Content-Type` is JSON (checked by the caller);
 //! - no `Origin` header, and the `Host` is one of the allowed hosts (compared as rmcp does).
 //!
-//! A call runs in the request's task. A client that goes away cancels it, as under rmcp: the
+//! A listing's answer is written from each tool's definition serialized once
+//! ([`super::convert::to_mcp_json`]), in the shape rmcp gives the same page for these
+//! revisions (no `resultType`). A call runs in the request's task. A client that goes away cancels it, as under rmcp: the
 //! rest of the call moves to a task of its own (see [`Detached`]), where the executor stops
 //! the run and the outcome is counted, rather than the call being dropped half-way.
 
@@ -42,14 +44,16 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, GetMeta, JsonRpcRequest, ListToolsRequest,
     PaginatedRequestParams, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
 };
+use serde::Serialize;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use crate::hosts::AllowedHosts;
 
-use super::Scope;
-use super::handler::{McpHandler, RequestInfo, builtin_of};
+use super::handler::{Entry, McpHandler, RequestInfo, builtin_of};
+use super::{Scope, convert};
 
 /// The header that names the protocol revision a request speaks.
 const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
@@ -199,9 +203,14 @@ impl Direct {
                     progress: None,
                     logs: None,
                 };
-                let result = handler.list(params, &info).await;
+                let result =
+                    handler.list_page(params, &info, |page, next_cursor| list_answer(&id, page, next_cursor)).await;
                 handler.count("tools/list", result.is_ok());
-                (id, result.map(ServerResult::ListToolsResult))
+                return match result {
+                    Ok(Ok(body)) => json_response(body),
+                    Ok(Err(e)) => serialization_failed(&e),
+                    Err(error) => respond(Err(error), id),
+                };
             }
             Direct::Call { id, params, meta } => {
                 let cancel = CancellationToken::new();
@@ -299,12 +308,54 @@ fn respond(result: Result<ServerResult, ErrorData>, id: RequestId) -> Response {
         Err(error) => ServerJsonRpcMessage::error(error, Some(id)),
     };
     match serde_json::to_vec(&message) {
-        Ok(body) => ([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], Bytes::from(body)).into_response(),
-        Err(e) => {
-            tracing::error!(error = %e, "serializing a JSON-RPC answer failed");
-            (StatusCode::INTERNAL_SERVER_ERROR, "could not serialize the answer\n").into_response()
-        }
+        Ok(body) => json_response(body),
+        Err(e) => serialization_failed(&e),
     }
+}
+
+fn json_response(body: Vec<u8>) -> Response {
+    ([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], Bytes::from(body)).into_response()
+}
+
+fn serialization_failed(e: &serde_json::Error) -> Response {
+    tracing::error!(error = %e, "serializing a JSON-RPC answer failed");
+    (StatusCode::INTERNAL_SERVER_ERROR, "could not serialize the answer\n").into_response()
+}
+
+/// A `tools/list` answer: the JSON-RPC response rmcp writes for these revisions.
+#[derive(Serialize)]
+struct ListAnswer<'a> {
+    jsonrpc: &'static str,
+    id: &'a RequestId,
+    result: ListPage<'a>,
+}
+
+#[derive(Serialize)]
+struct ListPage<'a> {
+    #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
+    next_cursor: Option<String>,
+    tools: Vec<&'a RawValue>,
+}
+
+/// The body answering `tools/list` request `id` with `page`: each registered tool's
+/// definition as serialized once, each built-in's serialized here.
+fn list_answer(id: &RequestId, page: &[Entry<'_>], next_cursor: Option<String>) -> serde_json::Result<Vec<u8>> {
+    let builtins = page
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Builtin(b) => Some(serde_json::value::to_raw_value(&b.definition())),
+            Entry::Catalog(_) => None,
+        })
+        .collect::<serde_json::Result<Vec<Box<RawValue>>>>()?;
+    let mut builtins = builtins.iter();
+    let tools = page
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Catalog(t) => Some(convert::to_mcp_json(t)),
+            Entry::Builtin(_) => builtins.next().map(AsRef::as_ref),
+        })
+        .collect();
+    serde_json::to_vec(&ListAnswer { jsonrpc: "2.0", id, result: ListPage { next_cursor, tools } })
 }
 
 /// `Accept` names both types. An entry with parameters makes it false: a quality weight may
@@ -358,6 +409,51 @@ mod tests {
         drop(run);
         assert!(cancel.is_cancelled(), "dropping the request cancels the call");
         assert_eq!(end.await, Ok("stopped after the cancellation"), "the rest of the call ran in a task");
+    }
+
+    /// The listing's answer written from serialized definitions is the one rmcp writes for the
+    /// same page (through `respond`, as every other direct answer).
+    #[test]
+    fn a_listing_answers_as_rmcp_does_for_the_same_page() {
+        use std::sync::Arc;
+
+        use rmcp::model::ListToolsResult;
+
+        use crate::catalog::Tool;
+        use crate::mcp::builtin::Builtin;
+
+        let tool = |spec: Value| {
+            Arc::new(Tool::new("ns".into(), "t".into(), 1, serde_json::from_value(spec).unwrap()).unwrap())
+        };
+        let plain = tool(json!({
+            "name": "a_plain", "description": "d \"quoted\" \u{e9}\n", "inputSchema": {"type": "object"},
+            "runtime": {"image": "i", "command": ["x"]},
+        }));
+        let full = tool(json!({
+            "name": "b_full", "title": "Full", "description": "Prices it.",
+            "inputSchema": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+            "outputSchema": {"type": "object", "properties": {"price": {"type": "number"}}},
+            "annotations": {"readOnlyHint": true, "openWorldHint": false},
+            "runtime": {"image": "i", "command": ["x"]},
+        }));
+        for (id, next_cursor) in
+            [(RequestId::Number(7), None), (RequestId::String("p2".into()), Some("Yl9mdWxs".to_owned()))]
+        {
+            let page = [Entry::Catalog(&plain), Entry::Builtin(Builtin::ListTasks), Entry::Catalog(&full)];
+            let written = list_answer(&id, &page, next_cursor.clone()).unwrap();
+            let mut result = ListToolsResult::with_all_items(vec![
+                convert::to_mcp_tool(&plain),
+                Builtin::ListTasks.definition(),
+                convert::to_mcp_tool(&full),
+            ]);
+            result.next_cursor = next_cursor;
+            let response = respond(Ok(ServerResult::ListToolsResult(result)), id);
+            let expected = futures::executor::block_on(axum::body::to_bytes(response.into_body(), usize::MAX)).unwrap();
+            assert_eq!(
+                serde_json::from_slice::<Value>(&written).unwrap(),
+                serde_json::from_slice::<Value>(&expected).unwrap()
+            );
+        }
     }
 
     #[tokio::test]

@@ -104,12 +104,12 @@ fn call_state_result(id: &RunId, progress: &CallProgress, cancel: bool) -> CallT
 const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
 
 /// One entry of `tools/list`: a registered tool or a built-in.
-enum Entry {
-    Catalog(Arc<Tool>),
+pub(super) enum Entry<'a> {
+    Catalog(&'a Arc<Tool>),
     Builtin(Builtin),
 }
 
-impl Entry {
+impl Entry<'_> {
     fn name(&self) -> &str {
         match self {
             Entry::Catalog(t) => t.name(),
@@ -231,7 +231,7 @@ fn list_candidates<'a>(
     selection: &'a Selection,
     builtins: Vec<Builtin>,
     after: Option<&'a str>,
-) -> impl Iterator<Item = Entry> + Send + 'a {
+) -> impl Iterator<Item = Entry<'a>> + Send + 'a {
     let start = match (scope, after) {
         (Scope::Search, _) => catalog.len(),
         (_, Some(after)) => catalog.partition_point(|t| t.name() <= after),
@@ -328,12 +328,35 @@ impl McpHandler {
         self.state.limits.settings().retry_after.as_secs().max(1)
     }
 
-    /// `tools/list`, whichever path the request came by.
-    pub(super) async fn list(
+    /// `tools/list` through rmcp's service.
+    async fn list(
         &self,
         request: Option<PaginatedRequestParams>,
         info: &RequestInfo<'_>,
     ) -> Result<ListToolsResult, ErrorData> {
+        self.list_page(request, info, |page, next_cursor| {
+            let tools: Vec<McpTool> = page
+                .iter()
+                .map(|e| match e {
+                    Entry::Catalog(t) => convert::to_mcp_tool(t),
+                    Entry::Builtin(b) => b.definition(),
+                })
+                .collect();
+            let mut result = ListToolsResult::with_all_items(tools);
+            result.next_cursor = next_cursor;
+            result
+        })
+        .await
+    }
+
+    /// `tools/list`, whichever path the request came by: the page's entries and the cursor
+    /// of the next page, as `render` makes them into the answer.
+    pub(super) async fn list_page<R>(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        info: &RequestInfo<'_>,
+        render: impl FnOnce(&[Entry<'_>], Option<String>) -> R,
+    ) -> Result<R, ErrorData> {
         let who = info.identity()?;
         let scope = info.scope();
         let after = match request.and_then(|r| r.cursor) {
@@ -352,16 +375,7 @@ impl McpHandler {
             .await
             .map_err(|e| self.platform_error(&e))?;
         let next_cursor = if more { page.last().map(|e| cursor::encode_cursor(e.name())) } else { None };
-        let tools: Vec<McpTool> = page
-            .iter()
-            .map(|e| match e {
-                Entry::Catalog(t) => convert::to_mcp_tool(t),
-                Entry::Builtin(b) => b.definition(),
-            })
-            .collect();
-        let mut result = ListToolsResult::with_all_items(tools);
-        result.next_cursor = next_cursor;
-        Ok(result)
+        Ok(render(&page, next_cursor))
     }
 
     /// A built-in call: arguments validated, then the tool.
@@ -1230,7 +1244,7 @@ mod tests {
         Arc::new(Tool::new(String::new(), name.replace('_', "-"), 1, spec).unwrap())
     }
 
-    fn names(entries: impl Iterator<Item = Entry>) -> Vec<String> {
+    fn names<'a>(entries: impl Iterator<Item = Entry<'a>>) -> Vec<String> {
         entries.map(|e| e.name().to_owned()).collect()
     }
 
