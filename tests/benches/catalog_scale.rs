@@ -316,7 +316,7 @@ async fn measure(env: &TestEnv, size: usize, seconds: f64) -> Size {
         .stderr(Stdio::null())
         .spawn()
         .expect("python server");
-    let python = Killed(python);
+    let python = Killed(python, None);
     let python_endpoint = loadgen::Endpoint::mcp(&format!("http://127.0.0.1:{port}/mcp"), None);
     wait_answering(&python_endpoint).await;
     let python_pid = python.0.id();

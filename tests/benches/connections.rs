@@ -250,7 +250,7 @@ async fn run_benchmark() {
         .stderr(Stdio::null())
         .spawn()
         .expect("python server");
-    let python = Killed(python);
+    let python = Killed(python, None);
     let url = format!("http://127.0.0.1:{port}/mcp");
     for _ in 0..300 {
         if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {

@@ -311,7 +311,7 @@ async fn run_benchmark() {
         token: None,
         pid: python.id(),
     };
-    let _python_child = Killed(python);
+    let _python_child = Killed(python, None);
 
     let mut targets = vec![gateway, fastmcp, floor];
     // Another build of this bench, serving as the gateway to compare against (A/B in one run).

@@ -204,7 +204,7 @@ impl ControllerProcess {
             .spawn()
             .context("starting toolyard-controller")?;
         Ok(Self {
-            child: procs::Killed(child),
+            child: procs::Killed(child, None),
             started: Instant::now(),
             metrics_url: format!("http://127.0.0.1:{port}"),
         })

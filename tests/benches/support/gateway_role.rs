@@ -51,7 +51,9 @@ pub fn run(namespaces: &str, metrics: bool) {
         let client = env.client(User::Gateway).await;
         let background = tokio_util::sync::CancellationToken::new();
         let catalog = KubeCatalog::start(client.clone(), &Namespaces::Only(namespaces), background.clone());
-        let store_dir = std::env::temp_dir().join(format!("toolyard-bench-{}", std::process::id()));
+        // In the folder the bench made this process's `TMPDIR` (`procs::spawn_role`), which
+        // the bench removes.
+        let store_dir = std::env::temp_dir().join("store");
         let store = Arc::new(FsStore::new(&store_dir).expect("store"));
         let registry = Arc::new(Metrics::new());
         let authz_metrics = AuthzMetrics::default();
@@ -93,6 +95,5 @@ pub fn run(namespaces: &str, metrics: bool) {
         println!("listening on {}", socket.local_addr().expect("addr"));
         let listeners = vec![Listener { name: "public", socket, router, tls: None, drain: Drain::First }];
         server::serve(listeners, &ServerSettings::default(), tokens).await.expect("serve");
-        let _ = std::fs::remove_dir_all(store_dir);
     });
 }

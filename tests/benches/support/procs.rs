@@ -8,6 +8,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
+use toolyard_tests::local::TempDir;
+
 /// The variable naming the role a bench process plays (unset: the bench itself).
 pub const ROLE: &str = "TOOLYARD_BENCH_ROLE";
 
@@ -49,8 +51,9 @@ pub fn rss_bytes(pid: u32) -> u64 {
     kib * 1024
 }
 
-/// A child process killed (SIGKILL) and reaped when dropped.
-pub struct Killed(pub Child);
+/// A child process killed (SIGKILL) and reaped when dropped, then its temporary folder (if it
+/// has one) removed.
+pub struct Killed(pub Child, pub Option<TempDir>);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -61,10 +64,13 @@ impl Drop for Killed {
 
 /// `exe` in `role` with `env`, and the first line it prints (once it is ready). The child's
 /// standard input is a pipe whose write end stays in the returned [`Child`]: the role ends when
-/// it closes (see [`exit_when_stdin_closes`]).
+/// it closes (see [`exit_when_stdin_closes`]). Its `TMPDIR` is a folder of its own, removed
+/// with the [`Killed`] (a role ends by exiting or being killed, and cleans up nothing).
 pub fn spawn_role(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (Killed, String) {
+    let tmp = TempDir::new(&format!("bench-{role}"));
     let mut child = Command::new(exe)
         .env(ROLE, role)
+        .env("TMPDIR", tmp.path())
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .stdin(Stdio::piped())
@@ -74,7 +80,7 @@ pub fn spawn_role(exe: &std::path::Path, role: &str, env: &[(&str, &str)]) -> (K
         .unwrap_or_else(|e| panic!("starting the {role} process: {e}"));
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
-    (Killed(child), line)
+    (Killed(child, Some(tmp)), line)
 }
 
 /// [`spawn_role`] for a server that prints `listening on ADDR` first; returns that address.
