@@ -47,7 +47,7 @@ impl LocalGateway {
             .arg(tools)
             .arg("--data-dir")
             .arg(data)
-            // The token by environment, as the README says: a command line is readable by any
+            // The token by environment, as docs/usage.md says: a command line is readable by any
             // process of the user (the hostile model test looks there too).
             .env("TOOLYARD_LOCAL_TOKEN", TOKEN)
             .args(["--listen", "127.0.0.1:0", "--kill-grace", "0.5"])
