@@ -11,20 +11,28 @@
 //! Folders are created with mode 0700 and files with mode 0600: only the gateway's user reads
 //! them.
 //!
-//! Symbolic links are never followed below the root: every component of a path is checked
-//! with `lstat`, and a link anywhere is refused, so nothing can read or write outside the
-//! root through a planted link.
+//! Symbolic links are never followed below the root. The root is opened once; a file is
+//! reached from it one component at a time, each opened relative to the one before with
+//! `O_NOFOLLOW` (`openat`), and files are created, renamed and linked relative to their open
+//! folder. A link anywhere is refused, so nothing can read or write outside the root through
+//! a planted link, and nothing planted between a check and a write is followed. Listings and
+//! deletions check their folder that way, then walk it without following links.
 //!
 //! Each operation runs as one blocking task (plain `std::fs` calls in sequence), not as a
 //! chain of asynchronous file operations that each hop to the blocking pool.
 
 use std::io::{ErrorKind, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat, renameat};
+use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, linkat, unlinkat};
 use toolyard_api::OwnerKey;
 
 use super::{ArtifactStore, Chunk, ObjectInfo, owner_key_path};
@@ -58,9 +66,20 @@ enum WriteMode {
     CreateOnly,
 }
 
+/// Whether [`Inner::open_dir`] creates missing folders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Missing {
+    /// Answer `None`.
+    Absent,
+    /// Create them (mode 0700).
+    Create,
+}
+
 #[derive(Debug)]
 struct Inner {
     root: PathBuf,
+    /// The root folder, open: files are reached from it one component at a time.
+    root_dir: Arc<OwnedFd>,
     durability: Durability,
 }
 
@@ -71,12 +90,15 @@ impl FsStore {
         let root = root.as_ref();
         create_private_dirs(root).map_err(|e| io_error("creating the storage folder", root, e))?;
         let root = root.canonicalize().map_err(|e| io_error("resolving the storage folder", root, e))?;
-        Ok(Self { inner: Arc::new(Inner { root, durability: Durability::Synced }) })
+        let root_dir = std::fs::File::open(&root).map_err(|e| io_error("opening the storage folder", &root, e))?;
+        let root_dir = Arc::new(OwnedFd::from(root_dir));
+        Ok(Self { inner: Arc::new(Inner { root, root_dir, durability: Durability::Synced }) })
     }
 
     /// The same store with another durability.
     pub fn with_durability(self, durability: Durability) -> Self {
-        Self { inner: Arc::new(Inner { root: self.inner.root.clone(), durability }) }
+        let Inner { root, root_dir, .. } = self.inner.as_ref();
+        Self { inner: Arc::new(Inner { root: root.clone(), root_dir: Arc::clone(root_dir), durability }) }
     }
 
     /// The resolved root folder.
@@ -99,136 +121,157 @@ impl FsStore {
 }
 
 impl Inner {
-    /// The file of `key` (already checked by [`owner_key_path`]) after refusing symbolic
-    /// links in every existing component below the root.
-    fn checked_path(&self, key: &str) -> Result<PathBuf> {
-        let mut path = self.root.clone();
-        for segment in key.trim_end_matches('/').split('/') {
-            path.push(segment);
-            if !exists_unlinked(&path, key)? {
-                break;
-            }
+    /// The folder `rel` below `start` (segments separated by `/`, checked by
+    /// [`owner_key_path`]), reached one component at a time: each is opened relative to the one
+    /// before it, never following a link, so nothing planted inside the root leads out of it.
+    /// `None` when a folder on the way does not exist and `missing` does not create it, or a
+    /// file stands where a folder should. A link on the way is refused (`key` names it).
+    fn open_dir(&self, start: BorrowedFd<'_>, rel: &str, key: &str, missing: Missing) -> Result<Option<OwnedFd>> {
+        let mut dir: Option<OwnedFd> = None;
+        for segment in rel.split('/').filter(|s| !s.is_empty()) {
+            let at = dir.as_ref().map_or(start, AsFd::as_fd);
+            let next = match open_subdir(at, segment) {
+                Err(Errno::ENOENT) if missing == Missing::Create => {
+                    match mkdirat(at, segment, Mode::S_IRWXU) {
+                        Ok(()) | Err(Errno::EEXIST) => {}
+                        Err(e) => return Err(io_error("creating", &self.root.join(key), e.into())),
+                    }
+                    open_subdir(at, segment)
+                }
+                other => other,
+            };
+            dir = Some(match next {
+                Ok(next) => next,
+                Err(Errno::ENOENT) => return Ok(None),
+                Err(Errno::ENOTDIR) => {
+                    // A link (refused) or a file where a folder should be.
+                    exists_unlinked(at, segment, key)?;
+                    return match missing {
+                        Missing::Absent => Ok(None),
+                        Missing::Create => Err(Error::Storage(format!("{key:?}: {segment:?} is not a folder"))),
+                    };
+                }
+                Err(e) => return Err(io_error("opening", &self.root.join(key), e.into())),
+            });
         }
-        Ok(self.root.join(key.trim_end_matches('/')))
+        match dir {
+            Some(dir) => Ok(Some(dir)),
+            None => start.try_clone_to_owned().map(Some).map_err(|e| io_error("opening", &self.root.join(key), e)),
+        }
+    }
+
+    /// The folder `rel` below the root (see [`Inner::open_dir`]).
+    fn open_folder(&self, rel: &str, key: &str, missing: Missing) -> Result<Option<OwnedFd>> {
+        self.open_dir(self.root_dir.as_fd(), rel, key, missing)
+    }
+
+    /// The file `key`, opened without following links: `None` when it (or its folder) does
+    /// not exist or is no file; a link is refused.
+    fn open_file(&self, key: &str) -> Result<Option<std::fs::File>> {
+        let (folder, name) = split_key(key)?;
+        let Some(dir) = self.open_folder(folder, key, Missing::Absent)? else { return Ok(None) };
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let file = match openat(dir.as_fd(), name, flags, Mode::empty()) {
+            Ok(fd) => std::fs::File::from(fd),
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP) => return Err(refused_link(key)),
+            Err(e) => return Err(io_error("opening", &self.root.join(key), e.into())),
+        };
+        let meta = file.metadata().map_err(|e| io_error("reading", &self.root.join(key), e))?;
+        Ok(meta.is_file().then_some(file))
+    }
+
+    /// The folder `key` as a path, after checking that no component of it is a link (for
+    /// listings and deletions, which walk it without following links).
+    fn checked_folder(&self, key: &str) -> Result<Option<PathBuf>> {
+        let key = key.trim_end_matches('/');
+        Ok(self.open_folder(key, key, Missing::Absent)?.map(|_| self.root.join(key)))
     }
 
     fn put(&self, key: &str, bytes: &[u8]) -> Result<()> {
-        let target = self.prepared_target(key)?;
-        self.write_file(&target, bytes, WriteMode::Replace).map(drop)
+        self.write(key, bytes, WriteMode::Replace).map(drop)
     }
 
     /// Writes `key` unless it exists; `false` when it did.
     fn create(&self, key: &str, bytes: &[u8]) -> Result<bool> {
-        let target = self.prepared_target(key)?;
-        self.write_file(&target, bytes, WriteMode::CreateOnly)
+        self.write(key, bytes, WriteMode::CreateOnly)
     }
 
-    /// Writes several files in order, stopping at the first failure. Files in the folder of
-    /// the one before them skip the folder's checks (done once, for the first); a file in a
-    /// subfolder of it has only that subfolder checked (and created).
+    fn write(&self, key: &str, bytes: &[u8], how: WriteMode) -> Result<bool> {
+        let (folder, name) = split_key(key)?;
+        let dir = self.open_folder(folder, key, Missing::Create)?.ok_or_else(|| not_created(key))?;
+        self.write_file(dir.as_fd(), name, key, bytes, how)
+    }
+
+    /// Writes several files in order, stopping at the first failure. A file in the folder of
+    /// the one before it, or below that folder, is reached from that folder's open handle
+    /// rather than from the root again.
     fn put_all(&self, files: &[(String, Bytes)]) -> Result<()> {
-        let mut checked_folder: Option<PathBuf> = None;
+        let mut open: Option<(&str, OwnedFd)> = None;
         for (key, bytes) in files {
-            let target = self.root.join(key.trim_end_matches('/'));
-            let parent = target.parent();
-            let same_folder = checked_folder.as_deref().is_some_and(|f| parent == Some(f));
-            let in_subfolder = checked_folder.as_deref().is_some_and(|f| parent.and_then(Path::parent) == Some(f));
-            let target = if same_folder {
-                // The folder is checked; the file itself must not be a link.
-                exists_unlinked(&target, key)?;
-                target
-            } else if let (true, Some(subfolder)) = (in_subfolder, parent) {
-                if !exists_unlinked(subfolder, key)? {
-                    match std::fs::DirBuilder::new().mode(0o700).create(subfolder) {
-                        Err(e) if e.kind() != ErrorKind::AlreadyExists => {
-                            return Err(io_error("creating", subfolder, e));
-                        }
-                        _ => {}
-                    }
-                    // Created just now (or by another writer): check again that it is no link.
-                    exists_unlinked(subfolder, key)?;
-                }
-                exists_unlinked(&target, key)?;
-                target
-            } else {
-                self.prepared_target(key)?
+            let (folder, name) = split_key(key)?;
+            let below = open.as_ref().and_then(|(at, fd)| {
+                let rest = if folder == *at { Some("") } else { folder.strip_prefix(*at)?.strip_prefix('/') };
+                rest.map(|rest| (fd.as_fd(), rest))
+            });
+            let dir = match below {
+                Some((_, "")) => None,
+                Some((from, rest)) => Some(self.open_dir(from, rest, key, Missing::Create)?),
+                None => Some(self.open_folder(folder, key, Missing::Create)?),
             };
-            self.write_file(&target, bytes, WriteMode::Replace)?;
-            checked_folder = target.parent().map(Path::to_path_buf);
+            if let Some(dir) = dir {
+                open = Some((folder, dir.ok_or_else(|| not_created(key))?));
+            }
+            let (_, dir) = open.as_ref().expect("a folder is open");
+            self.write_file(dir.as_fd(), name, key, bytes, WriteMode::Replace)?;
         }
         Ok(())
     }
 
-    /// The checked file of `key`, its folder created (and checked again once created).
-    fn prepared_target(&self, key: &str) -> Result<PathBuf> {
-        let target = self.checked_path(key)?;
-        let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
-        if !parent.is_dir() {
-            create_private_dirs(parent).map_err(|e| io_error("creating", parent, e))?;
-            // The folders were created just now: check again that none is a link.
-            self.checked_path(key)?;
-        }
-        Ok(target)
-    }
-
-    /// Writes `bytes` to a temporary file beside `target` and moves it into place: renamed
-    /// over any file there, or, create-only, linked (which fails if `target` exists: then
-    /// `false`).
-    fn write_file(&self, target: &Path, bytes: &[u8], how: WriteMode) -> Result<bool> {
-        let parent = target.parent().ok_or_else(|| Error::Internal("storage key without a parent".into()))?;
-        let tmp = parent.join(format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple()));
-        let write = || {
-            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    /// Writes `bytes` to a temporary file in `dir` and moves it into place as `name`: renamed
+    /// over any file there, or, create-only, linked (which fails if `name` exists: then
+    /// `false`). A link at `name` is refused.
+    fn write_file(&self, dir: BorrowedFd<'_>, name: &str, key: &str, bytes: &[u8], how: WriteMode) -> Result<bool> {
+        exists_unlinked(dir, name, key)?;
+        let tmp = format!("{TMP_PREFIX}{}", uuid::Uuid::new_v4().simple());
+        let write = || -> std::io::Result<bool> {
+            let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+            let mut file = std::fs::File::from(openat(dir, tmp.as_str(), flags, Mode::S_IRUSR | Mode::S_IWUSR)?);
             file.write_all(bytes)?;
             if self.durability == Durability::Synced {
                 file.sync_data()?;
             }
             drop(file);
             match how {
-                WriteMode::Replace => std::fs::rename(&tmp, target).map(|()| true),
+                WriteMode::Replace => renameat(dir, tmp.as_str(), dir, name).map(|()| true).map_err(Into::into),
                 WriteMode::CreateOnly => {
-                    let linked = match std::fs::hard_link(&tmp, target) {
+                    let linked = match linkat(dir, tmp.as_str(), dir, name, AtFlags::empty()) {
                         Ok(()) => Ok(true),
-                        Err(e) if e.kind() == ErrorKind::AlreadyExists => Ok(false),
-                        Err(e) => Err(e),
+                        Err(Errno::EEXIST) => Ok(false),
+                        Err(e) => Err(e.into()),
                     };
-                    std::fs::remove_file(&tmp)?;
+                    unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir)?;
                     linked
                 }
             }
         };
-        match write() {
-            Ok(written) => Ok(written),
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                Err(io_error("writing", target, e))
-            }
-        }
+        write().map_err(|e| {
+            let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
+            io_error("writing", &self.root.join(key), e)
+        })
     }
 
     fn get(&self, key: &str) -> Result<Option<Bytes>> {
-        let file = self.checked_path(key)?;
-        match std::fs::read(&file) {
-            Ok(bytes) => Ok(Some(Bytes::from(bytes))),
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::IsADirectory | ErrorKind::NotADirectory) => {
-                Ok(None)
-            }
-            Err(e) => Err(io_error("reading", &file, e)),
-        }
+        let Some(mut file) = self.open_file(key)? else { return Ok(None) };
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(|e| io_error("reading", &self.root.join(key), e))?;
+        Ok(Some(Bytes::from(bytes)))
     }
 
     fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Option<Chunk>> {
-        let path = self.checked_path(key)?;
-        let mut file = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => return Ok(None),
-            Err(e) => return Err(io_error("opening", &path, e)),
-        };
-        let meta = file.metadata().map_err(|e| io_error("reading", &path, e))?;
-        if !meta.is_file() {
-            return Ok(None);
-        }
-        let total = meta.len();
+        let Some(mut file) = self.open_file(key)? else { return Ok(None) };
+        let path = self.root.join(key);
+        let total = file.metadata().map_err(|e| io_error("reading", &path, e))?.len();
         if offset >= total || len == 0 {
             return Ok(Some(Chunk { bytes: Bytes::new(), total }));
         }
@@ -240,7 +283,7 @@ impl Inner {
     }
 
     fn list(&self, key: &str, owner_prefix: &str) -> Result<Vec<ObjectInfo>> {
-        let start = self.checked_path(key)?;
+        let Some(start) = self.checked_folder(key)? else { return Ok(Vec::new()) };
         let base = self.root.join(owner_prefix);
         let mut out = Vec::new();
         let mut pending = vec![start];
@@ -316,7 +359,7 @@ impl Inner {
     /// followed); returns how many files it held.
     fn delete_folder(&self, key: &str, owner_prefix: &str) -> Result<usize> {
         let files = self.list(key, owner_prefix)?.len();
-        let path = self.checked_path(key)?;
+        let Some(path) = self.checked_folder(key)? else { return Ok(0) };
         match std::fs::remove_dir_all(&path) {
             Ok(()) => Ok(files),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(0),
@@ -330,16 +373,36 @@ pub(crate) fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
 }
 
-/// Whether `path` exists, refusing a symbolic link there (`key` names it in the error).
-fn exists_unlinked(path: &Path, key: &str) -> Result<bool> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_symlink() => {
-            tracing::warn!(key, "refused a symbolic link inside the storage folder");
-            Err(Error::InvalidRequest(format!("invalid storage path {key:?}")))
-        }
+/// Whether `name` exists in `dir`, refusing a symbolic link there (`key` names it in the
+/// error).
+fn exists_unlinked(dir: BorrowedFd<'_>, name: &str, key: &str) -> Result<bool> {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(stat) if stat.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFLNK.bits() => Err(refused_link(key)),
         Ok(_) => Ok(true),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(io_error("checking", path, e)),
+        Err(Errno::ENOENT) => Ok(false),
+        Err(e) => Err(Error::Storage(format!("checking {key:?}: {e}"))),
+    }
+}
+
+fn refused_link(key: &str) -> Error {
+    tracing::warn!(key, "refused a symbolic link inside the storage folder");
+    Error::InvalidRequest(format!("invalid storage path {key:?}"))
+}
+
+fn not_created(key: &str) -> Error {
+    Error::Storage(format!("the folder of {key:?} could not be created"))
+}
+
+/// Opens the folder `name` in `dir` without following a link (a link fails with `ENOTDIR`).
+fn open_subdir(dir: BorrowedFd<'_>, name: &str) -> nix::Result<OwnedFd> {
+    openat(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
+}
+
+/// A file's key as its folder and its name.
+fn split_key(key: &str) -> Result<(&str, &str)> {
+    match key.rsplit_once('/') {
+        Some((folder, name)) if !name.is_empty() => Ok((folder, name)),
+        _ => Err(Error::InvalidRequest(format!("invalid storage path {key:?}"))),
     }
 }
 
@@ -436,6 +499,41 @@ mod tests {
                 .collect();
             assert_eq!(names, ["input.json"], "no temporary file is left behind");
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_batch_lands_each_file_in_its_own_folder() {
+        let dir = std::env::temp_dir().join(format!("toolyard-fs-batch-{}", std::process::id()));
+        let store = FsStore::new(dir.join("root")).unwrap();
+        let owner = OwnerKey::derive("local", "dev");
+        // A sibling whose name extends the folder, back again, the same folder, a subfolder
+        // of it, and a folder elsewhere two levels deep.
+        let files = [
+            "calls/c1/input.json",
+            "calls/c10/input.json",
+            "calls/c1/result.json",
+            "calls/c1/done.json",
+            "calls/c1/events/000001.jsonl",
+            "tasks/t1/outputs/a.csv",
+        ];
+        let batch = files.iter().map(|f| ((*f).to_owned(), Bytes::from(f.as_bytes().to_vec()))).collect();
+        store.put_all(&owner, batch).await.unwrap();
+        for file in files {
+            let on_disk = std::fs::read(store.root().join(format!("owners/{owner}/{file}"))).unwrap();
+            assert_eq!(on_disk, file.as_bytes(), "{file}");
+        }
+        let listed: Vec<_> = store.list(&owner, "calls/").await.unwrap().into_iter().map(|o| o.path).collect();
+        assert_eq!(
+            listed,
+            [
+                "calls/c1/done.json",
+                "calls/c1/events/000001.jsonl",
+                "calls/c1/input.json",
+                "calls/c1/result.json",
+                "calls/c10/input.json"
+            ]
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
