@@ -166,11 +166,12 @@ impl Inner {
     }
 
     /// The file `key`, opened without following links: `None` when it (or its folder) does
-    /// not exist or is no file; a link is refused.
+    /// not exist or is no file; a link is refused. Opened non-blocking, so that a FIFO planted
+    /// in its place cannot hold the read (it is no file: `None`).
     fn open_file(&self, key: &str) -> Result<Option<std::fs::File>> {
         let (folder, name) = split_key(key)?;
         let Some(dir) = self.open_folder(folder, key, Missing::Absent)? else { return Ok(None) };
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
         let file = match openat(dir.as_fd(), name, flags, Mode::empty()) {
             Ok(fd) => std::fs::File::from(fd),
             Err(Errno::ENOENT) => return Ok(None),
@@ -534,6 +535,26 @@ mod tests {
                 "calls/c10/input.json"
             ]
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_fifo_in_place_of_a_file_reads_as_no_file() {
+        let dir = std::env::temp_dir().join(format!("toolyard-fs-fifo-{}", std::process::id()));
+        let store = FsStore::new(dir.join("root")).unwrap();
+        let owner = OwnerKey::derive("local", "dev");
+        store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{}")).await.unwrap();
+        let fifo = store.root().join(format!("owners/{owner}/calls/c1/result.json"));
+        nix::unistd::mkfifo(&fifo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), store.get(&owner, "calls/c1/result.json"));
+        let Ok(read) = read.await else {
+            // Blocked in open(2): a writer releases it, so that the test ends and says why.
+            drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+            panic!("reading a FIFO in the store blocked");
+        };
+        assert_eq!(read.unwrap(), None);
+        let range = store.get_range(&owner, "calls/c1/result.json", 0, 10).await.unwrap();
+        assert!(range.is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
