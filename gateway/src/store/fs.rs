@@ -484,12 +484,33 @@ impl ArtifactStore for FsStore {
 mod tests {
     use super::*;
 
+    /// A folder of a test's own under the temporary folder, removed when dropped (when the
+    /// test fails too).
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(name: &str) -> Self {
+            Self(std::env::temp_dir().join(format!("toolyard-fs-{name}-{}", std::process::id())))
+        }
+
+        /// A store in subfolder `root`, and the owner the tests write as.
+        fn store(&self, root: &str) -> (FsStore, OwnerKey) {
+            (FsStore::new(self.0.join(root)).unwrap(), OwnerKey::derive("local", "dev"))
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     #[tokio::test]
     async fn both_durabilities_store_atomically_and_read_back() {
-        let dir = std::env::temp_dir().join(format!("toolyard-fs-durability-{}", std::process::id()));
-        let owner = OwnerKey::derive("local", "dev");
+        let scratch = Scratch::new("durability");
         for durability in [Durability::Synced, Durability::Buffered] {
-            let store = FsStore::new(dir.join(format!("{durability:?}"))).unwrap().with_durability(durability);
+            let (store, owner) = scratch.store(&format!("{durability:?}"));
+            let store = store.with_durability(durability);
             assert_eq!(store.durability(), durability);
             store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{}")).await.unwrap();
             store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{\"a\":1}")).await.unwrap();
@@ -500,14 +521,12 @@ mod tests {
                 .collect();
             assert_eq!(names, ["input.json"], "no temporary file is left behind");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
     async fn a_batch_lands_each_file_in_its_own_folder() {
-        let dir = std::env::temp_dir().join(format!("toolyard-fs-batch-{}", std::process::id()));
-        let store = FsStore::new(dir.join("root")).unwrap();
-        let owner = OwnerKey::derive("local", "dev");
+        let scratch = Scratch::new("batch");
+        let (store, owner) = scratch.store("root");
         // A sibling whose name extends the folder, back again, the same folder, a subfolder
         // of it, and a folder elsewhere two levels deep.
         let files = [
@@ -535,14 +554,12 @@ mod tests {
                 "calls/c10/input.json"
             ]
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
     async fn a_fifo_in_place_of_a_file_reads_as_no_file() {
-        let dir = std::env::temp_dir().join(format!("toolyard-fs-fifo-{}", std::process::id()));
-        let store = FsStore::new(dir.join("root")).unwrap();
-        let owner = OwnerKey::derive("local", "dev");
+        let scratch = Scratch::new("fifo");
+        let (store, owner) = scratch.store("root");
         store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{}")).await.unwrap();
         let fifo = store.root().join(format!("owners/{owner}/calls/c1/result.json"));
         nix::unistd::mkfifo(&fifo, Mode::S_IRUSR | Mode::S_IWUSR).unwrap();
@@ -555,16 +572,14 @@ mod tests {
         assert_eq!(read.unwrap(), None);
         let range = store.get_range(&owner, "calls/c1/result.json", 0, 10).await.unwrap();
         assert!(range.is_none());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]
     async fn folders_and_files_are_private_to_the_gateways_user() {
         use std::os::unix::fs::MetadataExt;
 
-        let dir = std::env::temp_dir().join(format!("toolyard-fs-modes-{}", std::process::id()));
-        let store = FsStore::new(dir.join("root")).unwrap();
-        let owner = OwnerKey::derive("local", "dev");
+        let scratch = Scratch::new("modes");
+        let (store, owner) = scratch.store("root");
         store.put(&owner, "calls/c1/input.json", Bytes::from_static(b"{}")).await.unwrap();
         store.put_all(&owner, vec![("tasks/t1/result.json".into(), Bytes::from_static(b"{}"))]).await.unwrap();
         let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
@@ -576,6 +591,5 @@ mod tests {
         for file in ["calls/c1/input.json", "tasks/t1/result.json"] {
             assert_eq!(mode(&root.join(format!("owners/{owner}/{file}"))), 0o600, "{file}");
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
