@@ -43,6 +43,7 @@ use rmcp::ErrorData;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, ClientRequest, GetMeta, JsonRpcRequest, ListToolsRequest,
     PaginatedRequestParams, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
+    Tool as McpTool,
 };
 use serde::Serialize;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -334,25 +335,24 @@ struct ListAnswer<'a> {
 struct ListPage<'a> {
     #[serde(rename = "nextCursor", skip_serializing_if = "Option::is_none")]
     next_cursor: Option<String>,
-    tools: Vec<&'a RawValue>,
+    tools: Vec<Listed<'a>>,
 }
 
-/// The body answering `tools/list` request `id` with `page`: each registered tool's
-/// definition as serialized once, each built-in's serialized here.
+/// One tool of a listing: a registered tool's definition as serialized once, or a built-in's.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Listed<'a> {
+    Kept(&'a RawValue),
+    Builtin(McpTool),
+}
+
+/// The body answering `tools/list` request `id` with `page`.
 fn list_answer(id: &RequestId, page: &[Entry<'_>], next_cursor: Option<String>) -> serde_json::Result<Vec<u8>> {
-    let builtins = page
-        .iter()
-        .filter_map(|e| match e {
-            Entry::Builtin(b) => Some(serde_json::value::to_raw_value(&b.definition())),
-            Entry::Catalog(_) => None,
-        })
-        .collect::<serde_json::Result<Vec<Box<RawValue>>>>()?;
-    let mut builtins = builtins.iter();
     let tools = page
         .iter()
-        .filter_map(|e| match e {
-            Entry::Catalog(t) => Some(convert::to_mcp_json(t)),
-            Entry::Builtin(_) => builtins.next().map(AsRef::as_ref),
+        .map(|e| match e {
+            Entry::Catalog(t) => Listed::Kept(convert::to_mcp_json(t)),
+            Entry::Builtin(b) => Listed::Builtin(b.definition()),
         })
         .collect();
     serde_json::to_vec(&ListAnswer { jsonrpc: "2.0", id, result: ListPage { next_cursor, tools } })
