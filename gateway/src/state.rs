@@ -81,6 +81,8 @@ pub struct AppState {
     pub calls: Arc<Calls>,
     /// Tool calls this process waits on, for `notifications/cancelled`.
     pub cancels: Arc<CancelRegistry>,
+    /// The requests for callers this process waits on an answer for.
+    pub asks: Arc<crate::mcp::asks::Asks>,
     /// Admission state.
     pub limits: Arc<Limits>,
     /// Metrics registry.
@@ -119,6 +121,7 @@ impl AppState {
             tasks: None,
             models: Arc::new(ModelProxy::none()),
             cancels: Arc::new(CancelRegistry::default()),
+            asks: Arc::default(),
             limits,
             metrics,
             settings: Arc::new(settings),

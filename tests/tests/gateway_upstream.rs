@@ -190,3 +190,114 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     let status = api.get("market-data").await.expect("get").status.unwrap_or_default();
     assert!(status.connections.iter().all(|c| c.replica != REPLICA), "{status:?}");
 }
+
+/// The SSE events of a streamed answer, one `data` field at a time.
+struct Events {
+    response: reqwest::Response,
+    buffer: String,
+}
+
+impl Events {
+    /// The next event's data, parsed (at most 30 s away).
+    async fn next(&mut self) -> Value {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                if let Some(end) = self.buffer.find("\n\n") {
+                    let event: String = self.buffer.drain(..end + 2).collect();
+                    let data: Vec<&str> =
+                        event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).collect();
+                    if !data.is_empty() && !data.concat().is_empty() {
+                        return serde_json::from_str(&data.concat()).expect("an event's data is JSON");
+                    }
+                    continue;
+                }
+                let chunk = self.response.chunk().await.expect("the stream reads").expect("the stream goes on");
+                self.buffer.push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+            }
+        })
+        .await
+        .expect("an event within 30 s")
+    }
+}
+
+/// A POST of `body` to `url` as `user`, as a 2025-11-25 client sends it.
+async fn post(url: &str, user: User, body: &Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(url)
+        .bearer_auth(TestEnv::get().token(user))
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .json(body)
+        .send()
+        .await
+        .expect("the gateway answers")
+}
+
+/// A request an upstream server sends its caller during a call (an elicitation here) is asked
+/// on the caller's stream at one replica, and the caller's answer, posted to another replica,
+/// reaches the call through the shared store. Only the caller asked can answer: another user's
+/// answer to the same id is never taken, and the stored answer is deleted once read.
+#[tokio::test]
+async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_another() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwask").await.expect("namespace");
+    grant_platform(&ns).await;
+    apply_role(
+        &ns,
+        "fixture-callers",
+        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["fixtures"])],
+        vec![user_subject("alice"), user_subject("bob")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("fixtures")).await;
+    let port = free_port();
+    let _upstream =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    create_server(&ns, "fixtures", port, false).await;
+    let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    for gw in [&a, &b] {
+        wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
+            Ok(listed(&gw.client(User::Alice).await).await.contains(&"fixtures_test_elicitation".to_owned()))
+        })
+        .await
+        .expect("served");
+    }
+
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "fixtures_test_elicitation", "arguments": {"message": "Who are you?"}}});
+    let response = post(&a.mcp_url(), User::Alice, &call).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let mut events = Events { response, buffer: String::new() };
+    let asked = events.next().await;
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    assert_eq!(asked["params"]["message"], "Who are you?", "{asked}");
+    assert_eq!(asked["params"]["requestedSchema"]["required"], json!(["username", "email"]), "{asked}");
+    let id = asked["id"].clone();
+    assert!(id.as_str().is_some_and(|id| id.starts_with("toolyard-ask-")), "{asked}");
+
+    let answer = |name: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept",
+            "content": {"username": name, "email": format!("{name}@example.com")}}})
+    };
+    // bob answers alice's request first, through replica b: stored for bob, never read.
+    assert_eq!(post(&b.mcp_url(), User::Bob, &answer("bob")).await.status(), 202);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(post(&b.mcp_url(), User::Alice, &answer("alice")).await.status(), 202);
+    let answered = events.next().await;
+    assert_eq!(answered["id"], 7, "{answered}");
+    let text = answered["result"]["content"][0]["text"].as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("action=accept") && text.contains("'username': 'alice'"), "{answered}");
+    assert!(!text.contains("bob"), "{answered}");
+
+    let path = format!("asks/{}/answer.json", id.as_str().expect("a string id"));
+    let stored = |user: &str| {
+        let owner = toolyard_api::OwnerKey::derive("kubernetes", user);
+        let (store, path) = (a.store.clone(), path.clone());
+        async move { store.get(&owner, &path).await.expect("reading").is_some() }
+    };
+    assert!(!stored("alice").await, "alice's answer is deleted once read");
+    assert!(stored("bob").await, "bob's answer stays in bob's own storage until retention");
+}

@@ -94,6 +94,7 @@ async fn cancel_a_call(dir: &TempDir) {
         cancel_key: None,
         progress: None,
         logs: None,
+        asker: None,
         accepted_at: k8s_openapi::jiff::Timestamp::now(),
         task_started: None,
     };

@@ -654,3 +654,94 @@ async fn servers_toolyard_runs_are_started_over_stdio_and_http_and_restarted_whe
         processes_with(&http_marker)
     );
 }
+
+/// A 2025-11-25 client that answers an upstream server's sampling and elicitation requests,
+/// keeping what it was asked.
+#[derive(Clone, Default)]
+struct Answering {
+    asked: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl ClientHandler for Answering {
+    fn get_info(&self) -> ClientConfig {
+        let mut capabilities = ClientCapabilities::default();
+        capabilities.sampling = Some(Default::default());
+        capabilities.elicitation = Some(Default::default());
+        ClientConfig::new(capabilities, Implementation::new("answering-test", "1"))
+    }
+
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        params: rmcp::model::CreateMessageRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, rmcp::ErrorData> {
+        self.asked.lock().expect("lock").push(serde_json::to_value(&params).expect("params"));
+        Ok(rmcp::model::CreateMessageResult::new(
+            rmcp::model::SamplingMessage::assistant_text("forty-two"),
+            "test-model".into(),
+        ))
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        self.asked.lock().expect("lock").push(serde_json::to_value(&request).expect("params"));
+        Ok(rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
+            .with_content(json!({"username": "ada", "email": "ada@example.com"})))
+    }
+}
+
+/// An upstream server's requests to its caller during a call (sampling, elicitation) reach a
+/// 2025-11-25 caller on its call's stream, and the caller's answers reach the server. A client
+/// that cannot answer gets its own error passed on, and a 2026-07-28 caller (whose calls go
+/// through rmcp's service, which cannot ask) has the server told clearly that nobody can be
+/// asked; the call ends with the server's error either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the_server() {
+    let port = free_port();
+    let _server =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    let setup = Setup::start(&[("fixtures", port)], 30).await;
+    setup.wait_listed("fixtures_test_sampling", true).await;
+    let connect = |handler: Answering| {
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(setup.gateway.mcp_url()).auth_header(TOKEN.to_owned()),
+        );
+        handler.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+    };
+    let answering = Answering::default();
+    let client = connect(answering.clone()).await.expect("MCP client connects");
+    let call = |tool: &str, arguments: Value| {
+        CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.as_object().expect("object").clone())
+    };
+    let sampled = client.call_tool(call("fixtures_test_sampling", json!({"prompt": "6 x 7?"}))).await.expect("call");
+    assert_eq!(text(&sampled), "LLM response: forty-two", "{sampled:?}");
+    let elicited = client.call_tool(call("fixtures_test_elicitation", json!({"message": "Who?"}))).await.expect("call");
+    assert!(text(&elicited).contains("'username': 'ada'"), "{elicited:?}");
+    let asked = answering.asked.lock().expect("lock").clone();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert_eq!(asked[0]["messages"][0]["content"]["text"], "6 x 7?", "{asked:?}");
+    assert_eq!(asked[0]["maxTokens"], 100, "{asked:?}");
+    assert_eq!(asked[1]["message"], "Who?", "{asked:?}");
+
+    // rmcp's default client handler refuses sampling ("method not found", with the method as
+    // its message): its error reaches the server, which fails the call with it.
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(setup.gateway.mcp_url()).auth_header(TOKEN.to_owned()),
+    );
+    let plain = ClientConfig::default()
+        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
+        .await
+        .expect("MCP client connects");
+    let refused = plain.call_tool(call("fixtures_test_sampling", json!({"prompt": "?"}))).await.expect("call");
+    assert_eq!(refused.is_error, Some(true), "{refused:?}");
+    assert!(text(&refused).ends_with("refused the call: sampling/createMessage"), "{refused:?}");
+
+    // The setup's client speaks 2026-07-28: nobody can be asked, and the server is told so.
+    let modern = setup.call("fixtures_test_sampling", json!({"prompt": "?"})).await;
+    assert_eq!(modern.is_error, Some(true), "{modern:?}");
+    assert!(text(&modern).contains("there is none to ask"), "{modern:?}");
+}

@@ -47,6 +47,9 @@ pub struct CallInput {
     /// Where the log messages an upstream server sends during the call go (`None`: nobody
     /// listens).
     pub logs: Option<Arc<dyn LogSink>>,
+    /// Who answers the requests an upstream server sends its caller during the call
+    /// (sampling, elicitation; `None`: nobody can, and the server is told so).
+    pub asker: Option<Arc<dyn ClientAsker>>,
     /// Set for a call run as an MCP task: its id (chosen by the front door, which answers
     /// with it), and a signal sent once its run is started where it outlives the request and
     /// this process ([`CallRequest::task_started`]).
@@ -88,6 +91,22 @@ pub trait LogSink: Send + Sync {
 impl std::fmt::Debug for dyn LogSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LogSink")
+    }
+}
+
+/// Answers the requests an upstream server sends its caller during a call
+/// (`sampling/createMessage`, `elicitation/create`): the MCP client asked on the stream of the
+/// request that made the call ([`crate::mcp::relay`]).
+#[async_trait::async_trait]
+pub trait ClientAsker: Send + Sync {
+    /// The client's answer to request `method` with `params`: the JSON-RPC result, or the error
+    /// it answered with (or why it could not be asked).
+    async fn ask(&self, method: &str, params: Value) -> Result<Value, rmcp::ErrorData>;
+}
+
+impl std::fmt::Debug for dyn ClientAsker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientAsker")
     }
 }
 
@@ -360,6 +379,8 @@ impl Calls {
             cancel_key: input.cancel_key,
             progress,
             logs,
+            // Only an upstream server's tool has requests for its caller.
+            asker: input.asker.filter(|_| tool.upstream.is_some()),
             accepted_at: jiff::Timestamp::now(),
             task_started,
         };

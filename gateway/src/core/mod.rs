@@ -12,4 +12,4 @@ pub mod quota;
 pub mod search;
 
 pub use access::{Access, Selection};
-pub use calls::{CallError, CallInput, Called, Calls, LogSink, ProgressSink, TaskStart};
+pub use calls::{CallError, CallInput, Called, Calls, ClientAsker, LogSink, ProgressSink, TaskStart};

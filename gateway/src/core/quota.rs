@@ -1,5 +1,5 @@
 //! Per-owner storage quota: a call or a coding task is refused while its owner's stored files
-//! (`calls/` and `tasks/` under the owner's prefix) reach the quota, with a message that says
+//! (`calls/`, `tasks/` and `asks/` under the owner's prefix) reach the quota, with a message that says
 //! how much is used and how to free it.
 //!
 //! The usage is measured by listing the owner's files in the store, so every replica sees the
@@ -46,7 +46,7 @@ fn validity(ttl: Duration, limit: u64, bytes: u64, objects: usize) -> Duration {
 }
 
 /// The top-level folders of an owner's files.
-const FOLDERS: [&str; 2] = ["calls/", "tasks/"];
+const FOLDERS: [&str; 3] = ["calls/", "tasks/", "asks/"];
 
 /// A measurement in flight, shared by whoever waits for it.
 type Measuring = Shared<BoxFuture<'static, Result<u64, String>>>;
@@ -258,7 +258,7 @@ mod tests {
         store.put(&owner, "calls/c1/result.json", Bytes::from_static(&[b'x'; 100])).await.unwrap();
         let quota = Arc::new(StorageQuota::new(store.clone(), 150).with_ttl(Duration::from_millis(50)));
 
-        // The first checks wait for one measurement (two listings: calls/ and tasks/).
+        // The first checks wait for one measurement (a listing per folder counted).
         let waiting: Vec<_> = (0..8)
             .map(|_| {
                 let (quota, owner) = (quota.clone(), owner.clone());
@@ -266,11 +266,11 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        store.gate.add_permits(2);
+        store.gate.add_permits(FOLDERS.len());
         for w in waiting {
             assert_eq!(w.await.unwrap(), None, "100 of 150 bytes");
         }
-        assert_eq!(store.lists.load(Ordering::SeqCst), 2, "one measurement for eight checks");
+        assert_eq!(store.lists.load(Ordering::SeqCst), FOLDERS.len(), "one measurement for eight checks");
 
         // Past the TTL, checks answer at once from the last figure; one measurement runs.
         store.put(&owner, "calls/c2/result.json", Bytes::from_static(&[b'y'; 100])).await.unwrap();
@@ -278,7 +278,7 @@ mod tests {
         for _ in 0..8 {
             assert_eq!(quota.check(&owner).await.unwrap(), None, "the stale figure, without waiting");
         }
-        store.gate.add_permits(2);
+        store.gate.add_permits(FOLDERS.len());
         let mut reached = None;
         for _ in 0..100 {
             reached = quota.check(&owner).await.unwrap();
@@ -288,7 +288,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(reached.is_some_and(|m| m.contains("200 bytes of your 150 bytes")), "the new figure is used");
-        assert_eq!(store.lists.load(Ordering::SeqCst), 4, "one more measurement");
+        assert_eq!(store.lists.load(Ordering::SeqCst), 2 * FOLDERS.len(), "one more measurement");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

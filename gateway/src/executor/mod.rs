@@ -45,6 +45,9 @@ pub struct CallRequest {
     /// Where an upstream server's log messages for the call go while the caller waits
     /// (`None`: nobody listens).
     pub logs: Option<crate::upstream::logs::LogSender>,
+    /// Who answers the requests an upstream server sends the caller during the call (`None`:
+    /// nobody can).
+    pub asker: Option<std::sync::Arc<dyn crate::core::ClientAsker>>,
     /// When the gateway admitted the call (the `call_accepted` event's time).
     pub accepted_at: jiff::Timestamp,
     /// Set for a call run as an MCP task: its run outlives the request and this process

@@ -157,6 +157,7 @@ pub async fn tool_call(
         cancel_key: None,
         progress: None,
         logs: None,
+        asker: None,
         task: None,
     };
     let failed = |text: String, call_id: Option<&RunId>| ToolOutcome {

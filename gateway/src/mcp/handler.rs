@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use itertools::Itertools;
+#[allow(deprecated)]
+use rmcp::model::LoggingMessageNotification;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, CompleteRequestParams, CompleteResult,
     GetTaskParams, GetTaskResult, Implementation, InitializeRequestParams, InitializeResult,
@@ -15,7 +17,9 @@ use rmcp::model::{
     ServerCapabilities, ServerConfig, SubscriptionFilter, Tool as McpTool,
 };
 use rmcp::model::{GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult, Prompt as McpPrompt};
-use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::model::{
+    ProgressNotification, ProgressNotificationParam, ProgressToken, ServerJsonRpcMessage, ServerNotification,
+};
 use rmcp::service::{Peer, RequestContext, SubscriptionContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::Value;
@@ -27,7 +31,7 @@ use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::{Prompt, PromptError, ResourceError, ServedResource, Tool};
 use crate::core::access::Selection;
 use crate::core::ids::is_traceparent;
-use crate::core::{CallError, CallInput, LogSink, ProgressSink, TaskStart};
+use crate::core::{CallError, CallInput, ClientAsker, LogSink, ProgressSink, TaskStart};
 use crate::executor::CallState;
 use crate::identity::Identity;
 use crate::metrics::{CallOutcome, Rejection};
@@ -145,13 +149,44 @@ pub(super) struct RequestInfo<'a> {
     /// `notifications/message`, on the request's SSE stream (`None` on the direct path, which
     /// serves no upstream server's tool).
     pub logs: Option<Arc<dyn LogSink>>,
+    /// Who answers an upstream server's requests to the caller during the call: the client,
+    /// on the request's SSE stream (only the direct path has one it can ask on: rmcp's
+    /// stateless service numbers its own requests from 0 in every request, so an answer could
+    /// not be told from another request's).
+    pub asker: Option<Arc<dyn ClientAsker>>,
+}
+
+/// Where a request's notifications go: rmcp's peer for the request, or the direct path's
+/// SSE stream ([`super::direct`]), as serialized messages.
+#[derive(Clone)]
+pub(super) enum ClientOut {
+    Peer(Peer<RoleServer>),
+    Stream(tokio::sync::mpsc::Sender<String>),
+}
+
+impl ClientOut {
+    /// Sends `notification`; a client that went away gets nothing more (the call's own end
+    /// follows).
+    async fn notify(&self, notification: ServerNotification) {
+        match self {
+            ClientOut::Peer(peer) => {
+                let _ = peer.send_notification(notification).await;
+            }
+            ClientOut::Stream(out) => match serde_json::to_string(&ServerJsonRpcMessage::notification(notification)) {
+                Ok(message) => {
+                    let _ = out.send(message).await;
+                }
+                Err(e) => tracing::error!(error = %e, "serializing a notification failed"),
+            },
+        }
+    }
 }
 
 /// A call's progress as `notifications/progress` for the request's progress token: the
 /// fraction done out of a total of 1, and the function's message.
-struct ClientProgress {
-    peer: Peer<RoleServer>,
-    token: ProgressToken,
+pub(super) struct ClientProgress {
+    pub out: ClientOut,
+    pub token: ProgressToken,
 }
 
 #[async_trait::async_trait]
@@ -161,25 +196,31 @@ impl ProgressSink for ClientProgress {
         if let Some(message) = &progress.message {
             param = param.with_message(message.clone());
         }
-        // A client that went away gets nothing more; the call's own end follows.
-        let _ = self.peer.notify_progress(param).await;
+        self.out.notify(ServerNotification::ProgressNotification(ProgressNotification::new(param))).await;
     }
 }
 
 /// An upstream server's log messages as `notifications/message`, those at least as severe as
 /// the request's `_meta` `io.modelcontextprotocol/logLevel` (all of them without one).
-struct ClientLogs {
-    peer: Peer<RoleServer>,
-    least: u8,
+pub(super) struct ClientLogs {
+    pub out: ClientOut,
+    pub least: u8,
+}
+
+impl ClientLogs {
+    /// The logs of a request with `meta`.
+    pub fn new(out: ClientOut, meta: &rmcp::model::RequestMetaObject) -> Self {
+        ClientLogs { out, least: meta.log_level().map_or(0, severity) }
+    }
 }
 
 #[async_trait::async_trait]
 impl LogSink for ClientLogs {
     async fn log(&self, message: LogMessage) {
         if severity_of(&message) >= self.least {
-            // A client that went away gets nothing more; the call's own end follows.
             #[allow(deprecated)]
-            let _ = self.peer.notify_logging_message(message).await;
+            let notification = ServerNotification::LoggingMessageNotification(LoggingMessageNotification::new(message));
+            self.out.notify(notification).await;
         }
     }
 }
@@ -192,14 +233,11 @@ impl<'a> RequestInfo<'a> {
             request_id: serde_json::to_value(&context.id).unwrap_or(Value::Null),
             cancel: context.ct.clone(),
             meta_traceparent: context.meta.0.get_traceparent(),
-            progress: context
-                .meta
-                .get_progress_token()
-                .map(|token| Arc::new(ClientProgress { peer: context.peer.clone(), token }) as Arc<dyn ProgressSink>),
-            logs: Some(Arc::new(ClientLogs {
-                peer: context.peer.clone(),
-                least: context.meta.log_level().map_or(0, severity),
-            })),
+            progress: context.meta.get_progress_token().map(|token| {
+                Arc::new(ClientProgress { out: ClientOut::Peer(context.peer.clone()), token }) as Arc<dyn ProgressSink>
+            }),
+            logs: Some(Arc::new(ClientLogs::new(ClientOut::Peer(context.peer.clone()), &context.meta))),
+            asker: None,
         }
     }
 
@@ -508,6 +546,7 @@ impl McpHandler {
             cancel_key: Some(cancel_key.clone()),
             progress: None,
             logs: None,
+            asker: None,
             task: Some(TaskStart { id: id.clone(), started: admitted }),
         };
         let (calls, cancels) = (Arc::clone(&self.state.calls), Arc::clone(&self.state.cancels));
@@ -682,6 +721,7 @@ impl McpHandler {
             cancel_key: Some(cancel_key),
             progress: info.progress.clone(),
             logs: info.logs.clone(),
+            asker: info.asker.clone(),
             task: None,
         };
         match self.state.calls.call(input).await {

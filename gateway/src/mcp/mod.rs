@@ -11,6 +11,7 @@
 //! the `direct` path, everything else by rmcp's Streamable HTTP service. The handler reads
 //! the caller's [`crate::Identity`] and the [`Scope`] from the HTTP request extensions.
 
+pub mod asks;
 pub mod builtin;
 pub mod cancel;
 mod convert;
@@ -97,8 +98,14 @@ impl McpService {
     /// notifications, and the call it names may run on any replica (see [`cancel`]).
     pub async fn post(&self, mut parts: http::request::Parts, body: Bytes) -> Response<Body> {
         same_origin(&mut parts.headers);
-        let is_upstream = |name: &str| self.handler.state().catalog.get(name).is_some_and(|t| t.upstream.is_some());
-        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts, is_upstream) {
+        if let Some(answer) = asks::answer_of(&body)
+            && let Some(who) = parts.extensions.get::<Identity>()
+        {
+            let state = self.handler.state();
+            return asks::deliver(&state.asks, state.store.as_ref(), state.calls.quota(), &who.owner_key(), answer)
+                .await;
+        }
+        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
             return direct.serve(&self.handler, parts, &self.stop).await;
         }
         if let Some(request_id) = cancel::cancelled_request_id(&body)

@@ -16,12 +16,14 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use http::{HeaderName, HeaderValue};
+use rmcp::ErrorData;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ClientRequest,
-    CompleteRequestParams, CompleteResult, ErrorCode, GetPromptRequestParams, Implementation, PingRequest,
-    ProgressNotificationParam, ProgressToken, ReadResourceRequestParams, RequestMetaObject, ServerResult,
+    CompleteRequestParams, CompleteResult, ElicitRequestParams, ElicitResult, ElicitationCapability, ErrorCode,
+    FormElicitationCapability, GetPromptRequestParams, Implementation, PingRequest, ProgressNotificationParam,
+    ProgressToken, ReadResourceRequestParams, RequestMetaObject, SamplingCapability, ServerResult,
 };
-use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
@@ -37,7 +39,7 @@ use crate::executor::events::{self, ProgressSender};
 use crate::executor::local::{Launch, gateway_only_env};
 use crate::executor::pool::{CallRecord, CallRecords};
 use crate::executor::{CallRequest, Executor};
-use crate::upstream::logs::{CallStreams, LogRoute};
+use crate::upstream::logs::{AskRoute, CallStreams, LogRoute};
 
 /// Largest answer (one JSON body or SSE event) taken from an upstream server.
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
@@ -146,6 +148,26 @@ impl ClientHandler for Listener {
         self.progress.report(&params.progress_token, progress);
     }
 
+    // A server's request reaches these only when it is tied to no call whose caller can be
+    // asked (see `super::logs`): one sent on stdio, on its own stream, or during a call made
+    // through rmcp's service (protocol 2026-07-28 clients).
+    #[allow(deprecated)]
+    async fn create_message(
+        &self,
+        _params: rmcp::model::CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::CreateMessageResult, ErrorData> {
+        Err(unrelayed("sampling/createMessage"))
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        Err(unrelayed("elicitation/create"))
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.notify_one();
     }
@@ -157,6 +179,26 @@ impl ClientHandler for Listener {
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.notify_one();
     }
+}
+
+/// What the gateway tells a server it may ask: sampling and elicitation, which it passes on
+/// to the caller of the call the server asks during ([`super::logs`]).
+fn relayed_capabilities() -> ClientCapabilities {
+    let mut capabilities = ClientCapabilities::default();
+    capabilities.sampling = Some(SamplingCapability::default());
+    capabilities.elicitation = Some(ElicitationCapability::new().with_form(FormElicitationCapability::default()));
+    capabilities
+}
+
+/// The error a server's request gets when there is no caller to ask.
+fn unrelayed(method: &str) -> ErrorData {
+    ErrorData::invalid_request(
+        format!(
+            "Toolyard passes {method} on only to the caller of a call to this server, made over Streamable HTTP \
+             by a 2025-11-25 (or older) client; there is none to ask for this request"
+        ),
+        None,
+    )
 }
 
 /// What a server lists.
@@ -280,7 +322,7 @@ impl Connection {
     ) -> Result<Self, String> {
         let listener = Listener {
             info: ClientConfig::new(
-                ClientCapabilities::default(),
+                relayed_capabilities(),
                 Implementation::new("toolyard-gateway", env!("CARGO_PKG_VERSION")),
             ),
             progress: link.progress.clone(),
@@ -462,6 +504,9 @@ impl Link {
         let mut call = CallToolRequest::new(params);
         if let Some(logs) = &request.logs {
             call.extensions.insert(LogRoute(logs.clone()));
+        }
+        if let Some(asker) = &request.asker {
+            call.extensions.insert(AskRoute(asker.clone()));
         }
         // The call's deadline is kept below, where a cancellation also ends the wait.
         let options = PeerRequestOptions::no_options();

@@ -1,13 +1,21 @@
-//! The log messages (`notifications/message`) an upstream server sends during a call, on their
-//! way to the call's caller.
+//! The log messages (`notifications/message`) and the requests for its caller
+//! (`sampling/createMessage`, `elicitation/create`) an upstream server sends during a call, on
+//! their way to the call's caller.
 //!
-//! rmcp's client hands every notification of a connection to one handler, without the request
-//! it came with. Over Streamable HTTP, though, a server sends a call's messages on that call's
-//! own response stream. [`CallStreams`] is the HTTP client under rmcp's transport: it sends as
-//! reqwest's does, and reads each SSE stream that answers a request carrying a [`LogRoute`]
-//! (put there by the call's [`super::link::Link`]), handing each log message to the route as it
-//! goes by; the stream reaches rmcp unchanged. A server on stdio has one stream for everything,
-//! so its messages are tied to no call and reach nobody.
+//! rmcp's client hands every notification and request of a connection to one handler, without
+//! the request it came with. Over Streamable HTTP, though, a server sends a call's messages on
+//! that call's own response stream. [`CallStreams`] is the HTTP client under rmcp's transport:
+//! it sends as reqwest's does, and reads each SSE stream that answers a request carrying a
+//! [`LogRoute`] or an [`AskRoute`] (put there by the call's [`super::link::Link`]):
+//!
+//! - each log message is handed to the log route as it goes by, and reaches rmcp too;
+//! - each request for the caller is taken off the stream and asked of the ask route, in a task
+//!   of its own (the stream goes on meanwhile); the caller's answer (or error) is posted back
+//!   to the server as rmcp would post it, with the request's own id, session and headers.
+//!
+//! A server on stdio has one stream for everything, so its messages are tied to no call: log
+//! messages reach nobody, and requests reach rmcp's handler, which answers that there is
+//! nobody to ask.
 //!
 //! A call's messages wait in a queue of [`LOG_QUEUE`]; one that finds it full is dropped and
 //! counted ([`LogReceiver::dropped`]), so a server that floods slows neither the connection nor
@@ -28,8 +36,11 @@ use rmcp::model::{ClientJsonRpcMessage, GetExtensions};
 use rmcp::transport::streamable_http_client::{
     SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse, StreamableHttpResponseLimits,
 };
+use serde_json::Value;
 use sse_stream::Sse;
 use tokio::sync::mpsc;
+
+use crate::core::ClientAsker;
 
 /// One log message, as MCP's `notifications/message` carries it.
 pub type LogMessage = rmcp::model::LoggingMessageNotificationParam;
@@ -88,6 +99,14 @@ impl LogReceiver {
 #[derive(Clone, Debug)]
 pub struct LogRoute(pub LogSender);
 
+/// Set in a call request's extensions: the requests for the caller on the SSE stream answering
+/// it are asked here.
+#[derive(Clone, Debug)]
+pub struct AskRoute(pub Arc<dyn ClientAsker>);
+
+/// The methods a server may ask a call's caller, through the gateway.
+const RELAYED_METHODS: [&str; 2] = ["sampling/createMessage", "elicitation/create"];
+
 /// reqwest's Streamable HTTP client, reading the log messages off each call's response stream
 /// (see the module docs).
 #[derive(Clone)]
@@ -104,9 +123,16 @@ impl StreamableHttpClient for CallStreams {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let route = route_of(&message);
+        let routes = routes_of(&message);
+        let back = Back {
+            http: self.0.clone(),
+            uri: uri.clone(),
+            session_id: session_id.clone(),
+            auth_header: auth_header.clone(),
+            custom_headers: custom_headers.clone(),
+        };
         let response = self.0.post_message(uri, message, session_id, auth_header, custom_headers).await?;
-        Ok(tapped(response, route))
+        Ok(tapped(response, routes, back))
     }
 
     async fn post_message_with_response_limits(
@@ -118,12 +144,19 @@ impl StreamableHttpClient for CallStreams {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let route = route_of(&message);
+        let routes = routes_of(&message);
+        let back = Back {
+            http: self.0.clone(),
+            uri: uri.clone(),
+            session_id: session_id.clone(),
+            auth_header: auth_header.clone(),
+            custom_headers: custom_headers.clone(),
+        };
         let response = self
             .0
             .post_message_with_response_limits(uri, message, session_id, auth_header, custom_headers, limits)
             .await?;
-        Ok(tapped(response, route))
+        Ok(tapped(response, routes, back))
     }
 
     async fn delete_session(
@@ -169,29 +202,102 @@ impl StreamableHttpClient for CallStreams {
     }
 }
 
-/// The route `message` carries, if it is a request that has one.
-fn route_of(message: &ClientJsonRpcMessage) -> Option<LogRoute> {
+/// The routes `message` carries, if it is a request that has them.
+fn routes_of(message: &ClientJsonRpcMessage) -> (Option<LogRoute>, Option<AskRoute>) {
     match message {
-        ClientJsonRpcMessage::Request(request) => request.request.extensions().get::<LogRoute>().cloned(),
-        _ => None,
+        ClientJsonRpcMessage::Request(request) => {
+            let extensions = request.request.extensions();
+            (extensions.get::<LogRoute>().cloned(), extensions.get::<AskRoute>().cloned())
+        }
+        _ => (None, None),
     }
 }
 
-/// `response`, its SSE stream (if it is one) handing its log messages to `route`.
-fn tapped(response: StreamableHttpPostResponse, route: Option<LogRoute>) -> StreamableHttpPostResponse {
-    match (response, route) {
-        (StreamableHttpPostResponse::Sse(stream, session), Some(LogRoute(sender))) => {
-            let stream = stream.inspect(move |event| {
-                if let Ok(Sse { data: Some(data), .. }) = event
-                    && let Some(message) = log_message(data)
-                {
-                    sender.send(message);
-                }
-            });
-            StreamableHttpPostResponse::Sse(stream.boxed(), session)
+/// How to post an answer back to the server: as the request the stream answers was posted.
+#[derive(Clone)]
+struct Back {
+    http: reqwest::Client,
+    uri: Arc<str>,
+    session_id: Option<Arc<str>>,
+    auth_header: Option<String>,
+    custom_headers: HashMap<HeaderName, HeaderValue>,
+}
+
+impl Back {
+    /// Posts the caller's answer to the server's request `id`.
+    async fn answer(self, id: Value, answer: Result<Value, rmcp::ErrorData>) {
+        let message = match answer {
+            Ok(result) => serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Err(error) => serde_json::json!({"jsonrpc": "2.0", "id": id, "error": error}),
+        };
+        let message = match serde_json::from_value::<ClientJsonRpcMessage>(message) {
+            Ok(message) => message,
+            Err(e) => {
+                tracing::warn!(error = %e, "a caller's answer to an upstream server's request is not a JSON-RPC answer");
+                return;
+            }
+        };
+        if let Err(e) =
+            self.http.post_message(self.uri, message, self.session_id, self.auth_header, self.custom_headers).await
+        {
+            tracing::warn!(error = %e, "posting a caller's answer to an upstream server failed");
         }
-        (response, _) => response,
     }
+}
+
+/// `response`, its SSE stream (if it is one) handing its log messages to the log route and its
+/// requests for the caller to the ask route.
+fn tapped(
+    response: StreamableHttpPostResponse,
+    routes: (Option<LogRoute>, Option<AskRoute>),
+    back: Back,
+) -> StreamableHttpPostResponse {
+    let StreamableHttpPostResponse::Sse(stream, session) = response else { return response };
+    let (logs, asks) = routes;
+    if logs.is_none() && asks.is_none() {
+        return StreamableHttpPostResponse::Sse(stream, session);
+    }
+    let stream = stream.filter(move |event| {
+        let mut keep = true;
+        if let Ok(Sse { data: Some(data), .. }) = event {
+            if let Some(LogRoute(sender)) = &logs
+                && let Some(message) = log_message(data)
+            {
+                sender.send(message);
+            } else if let Some(AskRoute(asker)) = &asks
+                && let Some(request) = relayed_request(data)
+            {
+                let (asker, back) = (asker.clone(), back.clone());
+                tokio::spawn(async move {
+                    let answer = asker.ask(&request.method, request.params).await;
+                    back.answer(request.id, answer).await;
+                });
+                keep = false;
+            }
+        }
+        std::future::ready(keep)
+    });
+    StreamableHttpPostResponse::Sse(stream.boxed(), session)
+}
+
+/// A server's request for the caller.
+#[derive(serde::Deserialize)]
+struct Relayed {
+    id: Value,
+    method: String,
+    #[serde(default)]
+    params: Value,
+}
+
+/// The request for the caller an SSE event's data holds, if it is one of [`RELAYED_METHODS`]
+/// (only data that names one is read).
+fn relayed_request(data: &str) -> Option<Relayed> {
+    if !RELAYED_METHODS.iter().any(|m| data.contains(m)) {
+        return None;
+    }
+    let request: Relayed = serde_json::from_str(data).ok()?;
+    let id_ok = matches!(request.id, Value::String(_) | Value::Number(_));
+    (id_ok && RELAYED_METHODS.contains(&request.method.as_str())).then_some(request)
 }
 
 /// The log message an SSE event's data holds, if it is a `notifications/message` (only data
