@@ -106,7 +106,7 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
 
     let up = connection(&ns, "market-data", "market-data connected", |c| c.state == ConnectionState::Connected).await;
-    assert_eq!((up.tools, up.failures, up.last_error.as_deref()), (9, 0, None), "{up:?}");
+    assert_eq!((up.tools, up.failures, up.last_error.as_deref()), (10, 0, None), "{up:?}");
     // The killed replica's entry is removed; this replica's stays, rewritten.
     wait_until(Duration::from_secs(30), "the killed replica's entry removed", || async {
         let status = api.get("market-data").await?.status.unwrap_or_default();
@@ -176,7 +176,7 @@ async fn an_mcpserver_is_served_with_its_own_credential_to_the_users_rbac_allows
     // Back: connected again, tools served again.
     let _upstream = UpstreamServer::start(port, markers.path());
     let back = connection(&ns, "market-data", "market-data back", |c| c.state == ConnectionState::Connected).await;
-    assert_eq!((back.failures, back.tools), (0, 9), "{back:?}");
+    assert_eq!((back.failures, back.tools), (0, 10), "{back:?}");
     wait_until(Duration::from_secs(30), "tools back", || async {
         Ok(listed(&alice).await.contains(&"market_data_get_quote".to_owned()))
     })

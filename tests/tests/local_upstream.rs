@@ -294,7 +294,7 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
 
     let connections = setup.gateway.upstreams.connections();
     let c = &connections["market-data"];
-    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 10, 0), "{c:?}");
+    assert_eq!((c.state, c.tools, c.failures), (ConnectionState::Connected, 11, 0), "{c:?}");
 
     // Each proxied call's files are stored under the caller's prefix, like a function's: its
     // input, its result (the server's answer in `mcp`) and its event log.
@@ -660,6 +660,11 @@ async fn servers_toolyard_runs_are_started_over_stdio_and_http_and_restarted_whe
 #[derive(Clone, Default)]
 struct Answering {
     asked: Arc<std::sync::Mutex<Vec<Value>>>,
+    /// How long it takes to answer an elicitation.
+    delay: Duration,
+    /// Elicitations being answered now, and the most at once.
+    answering: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
 }
 
 impl ClientHandler for Answering {
@@ -689,6 +694,10 @@ impl ClientHandler for Answering {
         _context: rmcp::service::RequestContext<RoleClient>,
     ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
         self.asked.lock().expect("lock").push(serde_json::to_value(&request).expect("params"));
+        let now = self.answering.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        self.answering.fetch_sub(1, Ordering::SeqCst);
         Ok(rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
             .with_content(json!({"username": "ada", "email": "ada@example.com"})))
     }
@@ -698,14 +707,19 @@ impl ClientHandler for Answering {
 /// 2025-11-25 caller on its call's stream, and the caller's answers reach the server. A client
 /// that cannot answer gets its own error passed on, and a 2026-07-28 caller (whose calls go
 /// through rmcp's service, which cannot ask) has the server told clearly that nobody can be
-/// asked; the call ends with the server's error either way.
+/// asked; the call ends with the server's error either way. A server that floods its caller
+/// with requests has those beyond four at once refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the_server() {
     let port = free_port();
     let _server =
         UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
-    let setup = Setup::start(&[("fixtures", port)], 30).await;
+    let markers = TempDir::new("upstream-markers");
+    let flooding_port = free_port();
+    let _flooding = UpstreamServer::start(flooding_port, markers.path());
+    let setup = Setup::start(&[("fixtures", port), ("market-data", flooding_port)], 30).await;
     setup.wait_listed("fixtures_test_sampling", true).await;
+    setup.wait_listed("market_data_ask_flood", true).await;
     let connect = |handler: Answering| {
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(setup.gateway.mcp_url()).auth_header(TOKEN.to_owned()),
@@ -739,6 +753,16 @@ async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the
     let refused = plain.call_tool(call("fixtures_test_sampling", json!({"prompt": "?"}))).await.expect("call");
     assert_eq!(refused.is_error, Some(true), "{refused:?}");
     assert!(text(&refused).ends_with("refused the call: sampling/createMessage"), "{refused:?}");
+
+    // Twelve requests at once, to a client that takes a second over each: four are asked, the
+    // others refused at once.
+    let slow = Answering { delay: Duration::from_secs(1), ..Answering::default() };
+    let flooded = connect(slow.clone()).await.expect("MCP client connects");
+    let flood = flooded.call_tool(call("market_data_ask_flood", json!({"count": 12}))).await.expect("call");
+    let report = text(&flood);
+    assert!(report.starts_with("answered 4; refused 8: "), "{report}");
+    assert!(report.contains("the caller already has 4 requests of this call to answer"), "{report}");
+    assert_eq!(slow.most.load(Ordering::SeqCst), 4, "{report}");
 
     // The setup's client speaks 2026-07-28: nobody can be asked, and the server is told so.
     let modern = setup.call("fixtures_test_sampling", json!({"prompt": "?"})).await;

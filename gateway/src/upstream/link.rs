@@ -506,7 +506,7 @@ impl Link {
             call.extensions.insert(LogRoute(logs.clone()));
         }
         if let Some(asker) = &request.asker {
-            call.extensions.insert(AskRoute(asker.clone()));
+            call.extensions.insert(AskRoute::new(asker.clone()));
         }
         // The call's deadline is kept below, where a cancellation also ends the wait.
         let options = PeerRequestOptions::no_options();

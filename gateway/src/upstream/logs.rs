@@ -11,7 +11,9 @@
 //! - each log message is handed to the log route as it goes by, and reaches rmcp too;
 //! - each request for the caller is taken off the stream and asked of the ask route, in a task
 //!   of its own (the stream goes on meanwhile); the caller's answer (or error) is posted back
-//!   to the server as rmcp would post it, with the request's own id, session and headers.
+//!   to the server as rmcp would post it, with the request's own id, session and headers. At
+//!   most [`MAX_ASKS_AT_ONCE`] of a call's requests wait for the caller at once; the others
+//!   are answered with an error at once.
 //!
 //! A server on stdio has one stream for everything, so its messages are tied to no call: log
 //! messages reach nobody, and requests reach rmcp's handler, which answers that there is
@@ -100,9 +102,35 @@ impl LogReceiver {
 pub struct LogRoute(pub LogSender);
 
 /// Set in a call request's extensions: the requests for the caller on the SSE stream answering
-/// it are asked here.
+/// it are asked here, at most [`MAX_ASKS_AT_ONCE`] at a time.
 #[derive(Clone, Debug)]
-pub struct AskRoute(pub Arc<dyn ClientAsker>);
+pub struct AskRoute {
+    asker: Arc<dyn ClientAsker>,
+    at_once: Arc<tokio::sync::Semaphore>,
+}
+
+impl AskRoute {
+    /// The route to `asker`, for one call.
+    pub fn new(asker: Arc<dyn ClientAsker>) -> Self {
+        AskRoute { asker, at_once: Arc::new(tokio::sync::Semaphore::new(MAX_ASKS_AT_ONCE)) }
+    }
+
+    /// The caller's answer to `request`, or an error when the call already has
+    /// [`MAX_ASKS_AT_ONCE`] requests waiting for one (a server that floods its caller gets
+    /// errors, at once, rather than a pile of waiting requests).
+    async fn ask(&self, request: Relayed) -> Result<Value, rmcp::ErrorData> {
+        let Ok(_permit) = self.at_once.clone().try_acquire_owned() else {
+            return Err(rmcp::ErrorData::invalid_request(
+                format!("the caller already has {MAX_ASKS_AT_ONCE} requests of this call to answer; ask again later"),
+                None,
+            ));
+        };
+        self.asker.ask(&request.method, request.params).await
+    }
+}
+
+/// The most requests of one call that wait for the caller's answer at once.
+pub const MAX_ASKS_AT_ONCE: usize = 4;
 
 /// The methods a server may ask a call's caller, through the gateway.
 const RELAYED_METHODS: [&str; 2] = ["sampling/createMessage", "elicitation/create"];
@@ -264,13 +292,14 @@ fn tapped(
                 && let Some(message) = log_message(data)
             {
                 sender.send(message);
-            } else if let Some(AskRoute(asker)) = &asks
+            } else if let Some(route) = &asks
                 && let Some(request) = relayed_request(data)
             {
-                let (asker, back) = (asker.clone(), back.clone());
+                let (route, back) = (route.clone(), back.clone());
                 tokio::spawn(async move {
-                    let answer = asker.ask(&request.method, request.params).await;
-                    back.answer(request.id, answer).await;
+                    let id = request.id.clone();
+                    let answer = route.ask(request).await;
+                    back.answer(id, answer).await;
                 });
                 keep = false;
             }
