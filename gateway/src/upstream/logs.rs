@@ -151,16 +151,9 @@ impl StreamableHttpClient for CallStreams {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let routes = routes_of(&message);
-        let back = Back {
-            http: self.0.clone(),
-            uri: uri.clone(),
-            session_id: session_id.clone(),
-            auth_header: auth_header.clone(),
-            custom_headers: custom_headers.clone(),
-        };
+        let taps = self.taps(&message, &uri, &session_id, &auth_header, &custom_headers);
         let response = self.0.post_message(uri, message, session_id, auth_header, custom_headers).await?;
-        Ok(tapped(response, routes, back))
+        Ok(tapped(response, taps))
     }
 
     async fn post_message_with_response_limits(
@@ -172,19 +165,12 @@ impl StreamableHttpClient for CallStreams {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
-        let routes = routes_of(&message);
-        let back = Back {
-            http: self.0.clone(),
-            uri: uri.clone(),
-            session_id: session_id.clone(),
-            auth_header: auth_header.clone(),
-            custom_headers: custom_headers.clone(),
-        };
+        let taps = self.taps(&message, &uri, &session_id, &auth_header, &custom_headers);
         let response = self
             .0
             .post_message_with_response_limits(uri, message, session_id, auth_header, custom_headers, limits)
             .await?;
-        Ok(tapped(response, routes, back))
+        Ok(tapped(response, taps))
     }
 
     async fn delete_session(
@@ -230,14 +216,37 @@ impl StreamableHttpClient for CallStreams {
     }
 }
 
-/// The routes `message` carries, if it is a request that has them.
-fn routes_of(message: &ClientJsonRpcMessage) -> (Option<LogRoute>, Option<AskRoute>) {
-    match message {
-        ClientJsonRpcMessage::Request(request) => {
-            let extensions = request.request.extensions();
-            (extensions.get::<LogRoute>().cloned(), extensions.get::<AskRoute>().cloned())
-        }
-        _ => (None, None),
+/// What reads a request's SSE answer: the request's log route, and its ask route with the way
+/// back to the server.
+struct Taps {
+    logs: Option<LogRoute>,
+    asks: Option<(AskRoute, Back)>,
+}
+
+impl CallStreams {
+    /// The routes `message` carries, if it is a request that has them; an ask route comes with
+    /// how `message` is posted, to post answers the same way.
+    fn taps(
+        &self,
+        message: &ClientJsonRpcMessage,
+        uri: &Arc<str>,
+        session_id: &Option<Arc<str>>,
+        auth_header: &Option<String>,
+        custom_headers: &HashMap<HeaderName, HeaderValue>,
+    ) -> Taps {
+        let ClientJsonRpcMessage::Request(request) = message else { return Taps { logs: None, asks: None } };
+        let extensions = request.request.extensions();
+        let asks = extensions.get::<AskRoute>().map(|route| {
+            let back = Back {
+                http: self.0.clone(),
+                uri: uri.clone(),
+                session_id: session_id.clone(),
+                auth_header: auth_header.clone(),
+                custom_headers: custom_headers.clone(),
+            };
+            (route.clone(), back)
+        });
+        Taps { logs: extensions.get::<LogRoute>().cloned(), asks }
     }
 }
 
@@ -275,13 +284,9 @@ impl Back {
 
 /// `response`, its SSE stream (if it is one) handing its log messages to the log route and its
 /// requests for the caller to the ask route.
-fn tapped(
-    response: StreamableHttpPostResponse,
-    routes: (Option<LogRoute>, Option<AskRoute>),
-    back: Back,
-) -> StreamableHttpPostResponse {
+fn tapped(response: StreamableHttpPostResponse, taps: Taps) -> StreamableHttpPostResponse {
     let StreamableHttpPostResponse::Sse(stream, session) = response else { return response };
-    let (logs, asks) = routes;
+    let Taps { logs, asks } = taps;
     if logs.is_none() && asks.is_none() {
         return StreamableHttpPostResponse::Sse(stream, session);
     }
@@ -292,7 +297,7 @@ fn tapped(
                 && let Some(message) = log_message(data)
             {
                 sender.send(message);
-            } else if let Some(route) = &asks
+            } else if let Some((route, back)) = &asks
                 && let Some(request) = relayed_request(data)
             {
                 let (route, back) = (route.clone(), back.clone());
