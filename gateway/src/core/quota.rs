@@ -249,6 +249,7 @@ mod tests {
     #[tokio::test]
     async fn checks_share_one_measurement_and_a_stale_figure_is_used_while_it_is_measured_again() {
         let dir = std::env::temp_dir().join(format!("toolyard-quota-{}", std::process::id()));
+        let _cleanup = RemoveOnDrop(dir.clone());
         let store = Arc::new(Counting {
             inner: FsStore::new(&dir).unwrap(),
             lists: AtomicUsize::new(0),
@@ -268,7 +269,8 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         store.gate.add_permits(FOLDERS.len());
         for w in waiting {
-            assert_eq!(w.await.unwrap(), None, "100 of 150 bytes");
+            let checked = tokio::time::timeout(Duration::from_secs(10), w).await.expect("a check answers");
+            assert_eq!(checked.unwrap(), None, "100 of 150 bytes");
         }
         assert_eq!(store.lists.load(Ordering::SeqCst), FOLDERS.len(), "one measurement for eight checks");
 
@@ -289,7 +291,15 @@ mod tests {
         }
         assert!(reached.is_some_and(|m| m.contains("200 bytes of your 150 bytes")), "the new figure is used");
         assert_eq!(store.lists.load(Ordering::SeqCst), 2 * FOLDERS.len(), "one more measurement");
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Removes a test's folder when dropped, when the test fails too.
+    struct RemoveOnDrop(std::path::PathBuf);
+
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     #[test]
