@@ -10,9 +10,6 @@ mod local_support;
 use std::time::Duration;
 
 use rmcp::model::ClientConfig;
-use rmcp::transport::StreamableHttpClientTransport;
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientLifecycleMode, ClientServiceExt};
 use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::repo_path;
@@ -37,13 +34,7 @@ async fn the_conformance_suite_passes_but_for_the_named_scenarios() {
     args.anonymous = true;
     let gateway = local_support::start_args(args).await;
 
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(gateway.mcp_url()).auth_header(TOKEN.to_owned()),
-    );
-    let client = ClientConfig::default()
-        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
-        .await
-        .expect("MCP client connects");
+    let client = local_support::legacy_client(gateway.mcp_url(), TOKEN, ClientConfig::default()).await;
     let mut served = false;
     for _ in 0..100 {
         let tools = client.list_all_tools().await.expect("tools/list");

@@ -720,14 +720,9 @@ async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the
     let setup = Setup::start(&[("fixtures", port), ("market-data", flooding_port)], 30).await;
     setup.wait_listed("fixtures_test_sampling", true).await;
     setup.wait_listed("market_data_ask_flood", true).await;
-    let connect = |handler: Answering| {
-        let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(setup.gateway.mcp_url()).auth_header(TOKEN.to_owned()),
-        );
-        handler.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
-    };
+    let connect = |handler| local_support::legacy_client(setup.gateway.mcp_url(), TOKEN, handler);
     let answering = Answering::default();
-    let client = connect(answering.clone()).await.expect("MCP client connects");
+    let client = connect(answering.clone()).await;
     let call = |tool: &str, arguments: Value| {
         CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.as_object().expect("object").clone())
     };
@@ -743,13 +738,7 @@ async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the
 
     // rmcp's default client handler refuses sampling ("method not found", with the method as
     // its message): its error reaches the server, which fails the call with it.
-    let transport = StreamableHttpClientTransport::from_config(
-        StreamableHttpClientTransportConfig::with_uri(setup.gateway.mcp_url()).auth_header(TOKEN.to_owned()),
-    );
-    let plain = ClientConfig::default()
-        .serve_with_lifecycle(transport, ClientLifecycleMode::Initialize)
-        .await
-        .expect("MCP client connects");
+    let plain = local_support::legacy_client(setup.gateway.mcp_url(), TOKEN, ClientConfig::default()).await;
     let refused = plain.call_tool(call("fixtures_test_sampling", json!({"prompt": "?"}))).await.expect("call");
     assert_eq!(refused.is_error, Some(true), "{refused:?}");
     assert!(text(&refused).ends_with("refused the call: sampling/createMessage"), "{refused:?}");
@@ -757,7 +746,7 @@ async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the
     // Twelve requests at once, to a client that takes a second over each: four are asked, the
     // others refused at once.
     let slow = Answering { delay: Duration::from_secs(1), ..Answering::default() };
-    let flooded = connect(slow.clone()).await.expect("MCP client connects");
+    let flooded = connect(slow.clone()).await;
     let flood = flooded.call_tool(call("market_data_ask_flood", json!({"count": 12}))).await.expect("call");
     let report = text(&flood);
     assert!(report.starts_with("answered 4; refused 8: "), "{report}");

@@ -6,6 +6,10 @@
 
 use std::path::PathBuf;
 
+use rmcp::service::RunningService;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use toolyard_gateway::local::{LocalArgs, LocalGateway};
 use toolyard_gateway::logging::LogFormat;
 use toolyard_gateway::serve::DataArgs;
@@ -88,4 +92,17 @@ impl Drop for Running {
             panic!("the local mode did not shut down cleanly: {e:#}");
         }
     }
+}
+
+/// An rmcp client with `handler` at MCP URL `url`, sending `token`, after the `initialize`
+/// handshake (protocol 2025-11-25).
+pub async fn legacy_client<H: rmcp::ClientHandler>(
+    url: String,
+    token: &str,
+    handler: H,
+) -> RunningService<RoleClient, H> {
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(url).auth_header(token.to_owned()),
+    );
+    handler.serve_with_lifecycle(transport, ClientLifecycleMode::Initialize).await.expect("MCP client connects")
 }
