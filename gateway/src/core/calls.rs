@@ -96,7 +96,7 @@ impl std::fmt::Debug for dyn LogSink {
 
 /// Answers the requests an upstream server sends its caller during a call
 /// (`sampling/createMessage`, `elicitation/create`): the MCP client asked on the stream of the
-/// request that made the call ([`crate::mcp::relay`]).
+/// request that made the call ([`crate::mcp::asks`]).
 #[async_trait::async_trait]
 pub trait ClientAsker: Send + Sync {
     /// The client's answer to request `method` with `params`: the JSON-RPC result, or the error

@@ -95,18 +95,20 @@ pub struct McpService {
 impl McpService {
     /// Serves a POST whose body has been read (and size-checked) already. A
     /// `notifications/cancelled` is acted on here: the stateless transport drops
-    /// notifications, and the call it names may run on any replica (see [`cancel`]).
+    /// notifications, and the call it names may run on any replica (see [`cancel`]). So is a
+    /// client's answer to a request the gateway asked it ([`asks`]).
     pub async fn post(&self, mut parts: http::request::Parts, body: Bytes) -> Response<Body> {
         same_origin(&mut parts.headers);
+        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
+            return direct.serve(&self.handler, parts, &self.stop).await;
+        }
+        // An answer is no request: read only for bodies the direct path did not take.
         if let Some(answer) = asks::answer_of(&body)
             && let Some(who) = parts.extensions.get::<Identity>()
         {
             let state = self.handler.state();
             return asks::deliver(&state.asks, state.store.as_ref(), state.calls.quota(), &who.owner_key(), answer)
                 .await;
-        }
-        if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
-            return direct.serve(&self.handler, parts, &self.stop).await;
         }
         if let Some(request_id) = cancel::cancelled_request_id(&body)
             && let Some(who) = parts.extensions.get::<Identity>()
