@@ -15,7 +15,8 @@ use gateway_support::{
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use rmcp::model::{CallToolRequestParams, ReadResourceRequestParams};
+use rmcp::ClientLifecycleMode;
+use rmcp::model::{CallToolRequestParams, CallToolResponse, ClientConfig, ProtocolVersion, ReadResourceRequestParams};
 use serde_json::{Value, json};
 use toolyard_api::McpServer;
 use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection, ConnectionState};
@@ -300,4 +301,77 @@ async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_an
     };
     assert!(!stored("alice").await, "alice's answer is deleted once read");
     assert!(stored("bob").await, "bob's answer stays in bob's own storage until retention");
+}
+
+/// A 2026-07-28 caller gets an upstream server's request as an `input_required` result at
+/// one replica, and its retry, with the answer, reaches the held call through another replica
+/// and the shared store. Another user's retry with the same request state is refused at once,
+/// and nothing of the held call stays stored once it ended.
+#[tokio::test]
+async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwround").await.expect("namespace");
+    grant_platform(&ns).await;
+    apply_role(
+        &ns,
+        "fixture-callers",
+        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["fixtures"])],
+        vec![user_subject("alice"), user_subject("bob")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("fixtures")).await;
+    let port = free_port();
+    let _upstream =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    create_server(&ns, "fixtures", port, false).await;
+    let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    for gw in [&a, &b] {
+        wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
+            Ok(listed(&gw.client(User::Alice).await).await.contains(&"fixtures_test_elicitation".to_owned()))
+        })
+        .await
+        .expect("served");
+    }
+    /// A 2026-07-28 client of `user` at `gw` that can be asked to elicit.
+    async fn modern(gw: &Gateway, user: User) -> rmcp::service::RunningService<rmcp::RoleClient, ClientConfig> {
+        let mut capabilities = rmcp::model::ClientCapabilities::default();
+        capabilities.elicitation = Some(Default::default());
+        let config = ClientConfig::new(capabilities, rmcp::model::Implementation::new("rounds-test", "1"));
+        let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        gw.client_with(&gw.mcp_url(), user, mode, config).await
+    }
+    let call = || {
+        CallToolRequestParams::new("fixtures_test_elicitation")
+            .with_arguments(json!({"message": "Who are you?"}).as_object().expect("object").clone())
+    };
+
+    let first = modern(&a, User::Alice).await.call_tool_once(call()).await.expect("first round");
+    let CallToolResponse::InputRequired(asked) = first else { panic!("input required: {first:?}") };
+    let (key, request) = asked.input_requests.as_ref().and_then(|r| r.iter().next()).expect("a request");
+    let request = serde_json::to_value(request).expect("request");
+    assert_eq!(request["method"], "elicitation/create", "{request}");
+    assert_eq!(request["params"]["message"], "Who are you?", "{request}");
+    let state = asked.request_state.clone().expect("a request state");
+    let held = format!("asks/toolyard-round-{}/held.json", state.split('.').next().expect("held id"));
+    let retry = |name: &str| {
+        let answer = json!({"action": "accept", "content": {"username": name, "email": format!("{name}@example.com")}});
+        call().with_input_responses([(key.clone(), answer)].into()).with_request_state(state.clone())
+    };
+
+    // bob's retry names no call of his: refused at once, his answer passed on nowhere.
+    let refused = modern(&b, User::Bob).await.call_tool_once(retry("bob")).await.expect_err("bob's retry");
+    assert!(refused.to_string().contains("requestState names no call of yours"), "{refused}");
+
+    let done = modern(&b, User::Alice).await.call_tool_once(retry("alice")).await.expect("retry");
+    let CallToolResponse::Complete(result) = done else { panic!("complete: {done:?}") };
+    let text =
+        serde_json::to_value(&result.content).expect("content")[0]["text"].as_str().unwrap_or_default().to_owned();
+    assert!(text.contains("action=accept") && text.contains("'username': 'alice'"), "{result:?}");
+
+    let alice = toolyard_api::OwnerKey::derive("kubernetes", "alice");
+    let stored = a.store.list(&alice, "asks/").await.expect("listing");
+    assert!(stored.is_empty(), "nothing of the held call stays: {stored:?}");
+    assert!(a.store.get(&alice, &held).await.expect("reading").is_none());
 }

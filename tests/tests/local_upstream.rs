@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{
-    ArgumentInfo, CallToolRequest, CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig,
-    ClientRequest, CompleteRequestParams, GetPromptRequestParams, Implementation, ProgressNotificationParam,
-    ProtocolVersion, Reference, ServerNotification, SubscriptionFilter,
+    ArgumentInfo, CallToolRequest, CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities,
+    ClientConfig, ClientRequest, CompleteRequestParams, GetPromptRequestParams, Implementation,
+    ProgressNotificationParam, ProtocolVersion, Reference, ServerNotification, SubscriptionFilter,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -705,9 +705,9 @@ impl ClientHandler for Answering {
 
 /// An upstream server's requests to its caller during a call (sampling, elicitation) reach a
 /// 2025-11-25 caller on its call's stream, and the caller's answers reach the server. A client
-/// that cannot answer gets its own error passed on, and a 2026-07-28 caller (whose calls go
-/// through rmcp's service, which cannot ask) has the server told clearly that nobody can be
-/// asked; the call ends with the server's error either way. A server that floods its caller
+/// that cannot answer gets its own error passed on, and a 2026-07-28 caller that declared no
+/// capability has the server told clearly that it cannot be asked; the call ends with the
+/// server's error either way. A server that floods its caller
 /// with requests has those beyond four at once refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the_server() {
@@ -753,8 +753,84 @@ async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the
     assert!(report.contains("the caller already has 4 requests of this call to answer"), "{report}");
     assert_eq!(slow.most.load(Ordering::SeqCst), 4, "{report}");
 
-    // The setup's client speaks 2026-07-28: nobody can be asked, and the server is told so.
+    // The setup's 2026-07-28 client declares no capability: it cannot be asked, and the
+    // server is told so.
     let modern = setup.call("fixtures_test_sampling", json!({"prompt": "?"})).await;
     assert_eq!(modern.is_error, Some(true), "{modern:?}");
-    assert!(text(&modern).contains("there is none to ask"), "{modern:?}");
+    assert!(
+        text(&modern).contains("the caller cannot be asked sampling/createMessage: it did not declare the capability"),
+        "{modern:?}"
+    );
+}
+
+/// A 2026-07-28 caller gets an upstream server's requests as `input_required` results (the
+/// multi-round-trip form), and its retries carry the answers to the server, which the call
+/// was held for. rmcp's client drives the rounds itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_2026_caller_answers_an_upstream_servers_requests_in_rounds() {
+    let port = free_port();
+    let _server =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    let markers = TempDir::new("upstream-markers");
+    let flooding_port = free_port();
+    let _flooding = UpstreamServer::start(flooding_port, markers.path());
+    let setup = Setup::start(&[("fixtures", port), ("market-data", flooding_port)], 30).await;
+    setup.wait_listed("fixtures_test_sampling", true).await;
+    setup.wait_listed("market_data_ask_flood", true).await;
+    let call = |tool: &str, arguments: Value| {
+        CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.as_object().expect("object").clone())
+    };
+    let answering = Answering::default();
+    let client = modern_client(setup.gateway.mcp_url(), answering.clone()).await;
+
+    // One round by hand: the server's request comes as `input_required`, under an ask id,
+    // with a request state to send back.
+    let first = client.call_tool_once(call("fixtures_test_sampling", json!({"prompt": "6 x 7?"}))).await.expect("call");
+    let CallToolResponse::InputRequired(asked) = first else { panic!("input required: {first:?}") };
+    let requests = asked.input_requests.expect("requests");
+    let (key, request) = requests.iter().next().expect("one request");
+    assert!(key.starts_with("toolyard-ask-"), "{key}");
+    let request = serde_json::to_value(request).expect("request");
+    assert_eq!(request["method"], "sampling/createMessage", "{request}");
+    assert_eq!(request["params"]["messages"][0]["content"]["text"], "6 x 7?", "{request}");
+    let state = asked.request_state.expect("a request state");
+    let answer = json!({"role": "assistant", "content": {"type": "text", "text": "by hand"}, "model": "m"});
+    let retry = call("fixtures_test_sampling", json!({"prompt": "6 x 7?"}))
+        .with_input_responses([(key.clone(), answer)].into())
+        .with_request_state(state.clone());
+    let done = client.call_tool_once(retry).await.expect("retry");
+    let CallToolResponse::Complete(sampled) = done else { panic!("complete: {done:?}") };
+    assert_eq!(text(&sampled), "LLM response: by hand", "{sampled:?}");
+    // The call is over: its state names nothing any more.
+    let again = client.call_tool_once(call("fixtures_test_sampling", json!({})).with_request_state(state)).await;
+    let error = again.expect_err("a spent request state");
+    assert!(error.to_string().contains("requestState names no call of yours"), "{error}");
+    let forged = client
+        .call_tool_once(call("fixtures_test_sampling", json!({})).with_request_state("../../calls/x.1"))
+        .await
+        .expect_err("a forged request state");
+    assert!(forged.to_string().contains("requestState names no call of yours"), "{forged}");
+
+    // rmcp's client answers through its handler and retries by itself.
+    let elicited = client.call_tool(call("fixtures_test_elicitation", json!({"message": "Who?"}))).await.expect("call");
+    assert!(text(&elicited).contains("'username': 'ada'"), "{elicited:?}");
+    assert_eq!(answering.asked.lock().expect("lock").last().expect("asked")["message"], "Who?");
+
+    // Twelve requests at once: four are asked (in as few rounds as they came in), the others
+    // refused at once.
+    let slow = Answering { delay: Duration::from_secs(1), ..Answering::default() };
+    let flooded = modern_client(setup.gateway.mcp_url(), slow.clone()).await;
+    let flood = flooded.call_tool(call("market_data_ask_flood", json!({"count": 12}))).await.expect("call");
+    let report = text(&flood);
+    assert!(report.starts_with("answered 4; refused 8: "), "{report}");
+}
+
+/// A 2026-07-28 client with `handler`, at the MCP URL `url`.
+async fn modern_client<H: ClientHandler>(url: String, handler: H) -> RunningService<RoleClient, H> {
+    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(TOKEN.to_owned());
+    let lifecycle = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+    handler
+        .serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), lifecycle)
+        .await
+        .expect("MCP client connects")
 }

@@ -1,7 +1,8 @@
 //! The requests an upstream server sends a call's caller during the call
 //! (`sampling/createMessage`, `elicitation/create`: see [`crate::upstream::logs`]), asked of the
 //! MCP client on the SSE stream of its `tools/call` request ([`super::direct`]), and the
-//! client's answers.
+//! client's answers. (A 2026-07-28 client is asked in rounds instead, [`super::rounds`], whose
+//! answers and events go through the same waits.)
 //!
 //! The gateway keeps no session: the client posts its answer as a request of its own, which
 //! may reach any replica. Each request asked therefore gets an id of its own,
@@ -47,31 +48,71 @@ type Answer = Result<Value, ErrorData>;
 /// The requests this replica waits on an answer for, by id.
 #[derive(Default)]
 pub struct Asks {
-    waiting: Mutex<HashMap<String, Waiting>>,
+    waiting: Mutex<HashMap<String, Waiter>>,
 }
 
-struct Waiting {
+struct Waiter {
     owner: OwnerKey,
     answer: oneshot::Sender<Answer>,
 }
 
-/// Removes a request from [`Asks`] when its wait ends, however it ends.
-struct WaitGuard<'a> {
+/// One wait for an answer, registered in [`Asks`] until it ends, however it ends.
+pub(super) struct Waiting<'a> {
     asks: &'a Asks,
     id: String,
+    owner: OwnerKey,
+    answered: oneshot::Receiver<Answer>,
 }
 
-impl Drop for WaitGuard<'_> {
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.asks.waiting.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id);
     }
 }
 
+impl Waiting<'_> {
+    /// The answer: handed over here, or stored by another replica (looked for at once, then
+    /// every second, and deleted once read). `gone` ends the wait with its error.
+    pub async fn answer(mut self, store: &dyn ArtifactStore, gone: impl Future<Output = ErrorData>) -> Answer {
+        let path = answer_path(&self.id);
+        let mut look = tokio::time::interval(STORED_ANSWER_POLL);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut gone = std::pin::pin!(gone);
+        loop {
+            tokio::select! {
+                answer = &mut self.answered => {
+                    return answer.unwrap_or_else(|_| Err(ErrorData::internal_error("the wait for an answer was replaced", None)));
+                }
+                error = &mut gone => return Err(error),
+                _ = look.tick() => match store.get(&self.owner, &path).await {
+                    Ok(Some(bytes)) => {
+                        if let Err(e) = store.delete_folder(&self.owner, &format!("asks/{}/", self.id)).await {
+                            tracing::warn!(error = %e, "deleting a stored answer failed");
+                        }
+                        return match serde_json::from_slice::<StoredAnswer>(&bytes) {
+                            Ok(StoredAnswer::Result(result)) => Ok(result),
+                            Ok(StoredAnswer::Error(error)) => Err(error),
+                            Err(e) => Err(ErrorData::internal_error(format!("the stored answer is unreadable: {e}"), None)),
+                        };
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "looking for a stored answer failed"),
+                },
+            }
+        }
+    }
+}
+
 impl Asks {
-    fn wait(&self, id: String, owner: OwnerKey) -> (WaitGuard<'_>, oneshot::Receiver<Answer>) {
-        let (sender, receiver) = oneshot::channel();
-        self.waiting.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), Waiting { owner, answer: sender });
-        (WaitGuard { asks: self, id }, receiver)
+    /// Registers a wait for `owner`'s answer to `id` (before the question goes out, so that
+    /// an answer that comes at once finds it).
+    pub(super) fn wait(&self, id: String, owner: OwnerKey) -> Waiting<'_> {
+        let (sender, answered) = oneshot::channel();
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone(), Waiter { owner: owner.clone(), answer: sender });
+        Waiting { asks: self, id, owner, answered }
     }
 
     /// Hands `answer` to the request `id` waiting here for `owner`'s answer; gives it back
@@ -91,6 +132,17 @@ impl Asks {
     }
 }
 
+/// A new id to ask a request with ([`ASK_ID_PREFIX`] and 32 random hex digits).
+pub(super) fn new_ask_id() -> String {
+    format!("{ASK_ID_PREFIX}{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Whether `id` is of the form [`new_ask_id`] makes.
+pub(super) fn is_ask_id(id: &str) -> bool {
+    id.strip_prefix(ASK_ID_PREFIX)
+        .is_some_and(|random| random.len() == 32 && random.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// A client's JSON-RPC answer to a request the gateway asked ([`answer_of`]).
 pub struct ClientAnswer {
     id: String,
@@ -108,8 +160,7 @@ pub fn answer_of(body: &[u8]) -> Option<ClientAnswer> {
         error: Option<ErrorData>,
     }
     let message: Message = serde_json::from_slice(body).ok()?;
-    let random = message.id.strip_prefix(ASK_ID_PREFIX)?;
-    if message.jsonrpc != "2.0" || random.len() != 32 || !random.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if message.jsonrpc != "2.0" || !is_ask_id(&message.id) {
         return None;
     }
     let answer = match (message.result, message.error) {
@@ -120,9 +171,46 @@ pub fn answer_of(body: &[u8]) -> Option<ClientAnswer> {
     Some(ClientAnswer { id: message.id, answer })
 }
 
-/// Takes `owner`'s answer: hands it to the request waiting here, or stores it for the replica
-/// that asked. Answered 202, as the transport answers a response; 507 when the owner's storage
-/// is at its quota (stored answers count), 503 when it could not be stored.
+/// Why an answer was not passed on.
+pub(super) enum Undelivered {
+    /// The owner's storage is at its quota (the message says so).
+    Quota(String),
+    /// The store failed; the sender may try again.
+    Failed,
+}
+
+/// Passes `owner`'s answer to `id` on: to the wait here, or stored (create-only: the first
+/// answer counts) for the replica that waits. `quota`: the owner's storage quota to store it
+/// under (`None` for the gateway's own answers).
+pub(super) async fn pass_on(
+    asks: &Asks,
+    store: &dyn ArtifactStore,
+    quota: Option<&StorageQuota>,
+    owner: &OwnerKey,
+    id: &str,
+    answer: Answer,
+) -> Result<(), Undelivered> {
+    let Some(answer) = asks.hand_over(id, owner, answer) else { return Ok(()) };
+    if let Some(quota) = quota {
+        match quota.check(owner).await {
+            Ok(None) => {}
+            Ok(Some(message)) => return Err(Undelivered::Quota(message)),
+            Err(e) => {
+                tracing::warn!(error = %e, "checking the storage quota for an answer failed");
+                return Err(Undelivered::Failed);
+            }
+        }
+    }
+    let stored = serde_json::to_vec(&StoredAnswer::from(answer)).unwrap_or_default();
+    store.create(owner, &answer_path(id), Bytes::from(stored)).await.map(drop).map_err(|e| {
+        tracing::warn!(error = %e, "storing an answer for another replica failed");
+        Undelivered::Failed
+    })
+}
+
+/// Takes `owner`'s answer ([`pass_on`], under the owner's quota). Answered 202, as the
+/// transport answers a response; 507 when the owner's storage is at its quota (stored answers
+/// count), 503 when it could not be stored.
 pub async fn deliver(
     asks: &Asks,
     store: &dyn ArtifactStore,
@@ -130,22 +218,10 @@ pub async fn deliver(
     owner: &OwnerKey,
     answer: ClientAnswer,
 ) -> Response {
-    let ClientAnswer { id, answer } = answer;
-    let Some(answer) = asks.hand_over(&id, owner, answer) else { return StatusCode::ACCEPTED.into_response() };
-    match quota.check(owner).await {
-        Ok(None) => {}
-        Ok(Some(message)) => return (StatusCode::INSUFFICIENT_STORAGE, format!("{message}\n")).into_response(),
-        Err(e) => {
-            tracing::warn!(error = %e, "checking the storage quota for a client's answer failed");
-            return (StatusCode::SERVICE_UNAVAILABLE, "the answer could not be passed on; try again\n").into_response();
-        }
-    }
-    let stored = serde_json::to_vec(&StoredAnswer::from(answer)).unwrap_or_default();
-    match store.create(owner, &answer_path(&id), Bytes::from(stored)).await {
-        // Already there: the first answer counts.
-        Ok(_) => StatusCode::ACCEPTED.into_response(),
-        Err(e) => {
-            tracing::warn!(error = %e, "storing a client's answer for another replica failed");
+    match pass_on(asks, store, Some(quota), owner, &answer.id, answer.answer).await {
+        Ok(()) => StatusCode::ACCEPTED.into_response(),
+        Err(Undelivered::Quota(message)) => (StatusCode::INSUFFICIENT_STORAGE, format!("{message}\n")).into_response(),
+        Err(Undelivered::Failed) => {
             (StatusCode::SERVICE_UNAVAILABLE, "the answer could not be passed on; try again\n").into_response()
         }
     }
@@ -188,36 +264,18 @@ pub(super) struct StreamAsker {
 impl ClientAsker for StreamAsker {
     async fn ask(&self, method: &str, params: Value) -> Result<Value, ErrorData> {
         let gone = || ErrorData::internal_error("the caller's request ended before the caller answered", None);
-        let id = format!("{ASK_ID_PREFIX}{}", uuid::Uuid::new_v4().simple());
-        let (_guard, mut answered) = self.asks.wait(id.clone(), self.owner.clone());
+        let id = new_ask_id();
+        let waiting = self.asks.wait(id.clone(), self.owner.clone());
         let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         if self.out.send(request.to_string()).await.is_err() {
             return Err(gone());
         }
-        let path = answer_path(&id);
-        let mut look = tokio::time::interval(STORED_ANSWER_POLL);
-        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        look.tick().await;
-        loop {
-            tokio::select! {
-                answer = &mut answered => return answer.unwrap_or_else(|_| Err(gone())),
-                () = self.out.closed() => return Err(gone()),
-                _ = look.tick() => match self.store.get(&self.owner, &path).await {
-                    Ok(Some(bytes)) => {
-                        if let Err(e) = self.store.delete_folder(&self.owner, &format!("asks/{id}/")).await {
-                            tracing::warn!(error = %e, "deleting a stored answer failed");
-                        }
-                        return match serde_json::from_slice::<StoredAnswer>(&bytes) {
-                            Ok(StoredAnswer::Result(result)) => Ok(result),
-                            Ok(StoredAnswer::Error(error)) => Err(error),
-                            Err(e) => Err(ErrorData::internal_error(format!("the stored answer is unreadable: {e}"), None)),
-                        };
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(error = %e, "looking for a stored answer failed"),
-                },
-            }
-        }
+        waiting
+            .answer(self.store.as_ref(), async {
+                self.out.closed().await;
+                gone()
+            })
+            .await
     }
 }
 
@@ -250,10 +308,10 @@ mod tests {
     fn an_answer_is_handed_only_to_the_owner_asked() {
         let asks = Asks::default();
         let (alice, bob) = (OwnerKey::derive("issuer", "alice"), OwnerKey::derive("issuer", "bob"));
-        let (_guard, mut answered) = asks.wait("id".into(), alice.clone());
+        let mut waiting = asks.wait("id".into(), alice.clone());
         assert!(asks.hand_over("id", &bob, Ok(json!(1))).is_some(), "bob's answer is not alice's");
-        assert!(answered.try_recv().is_err());
+        assert!(waiting.answered.try_recv().is_err());
         assert!(asks.hand_over("id", &alice, Ok(json!(2))).is_none());
-        assert_eq!(answered.try_recv().expect("answered").expect("a result"), json!(2));
+        assert_eq!(waiting.answered.try_recv().expect("answered").expect("a result"), json!(2));
     }
 }

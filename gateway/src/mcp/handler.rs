@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use itertools::Itertools;
@@ -26,6 +26,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::builtin::Builtin;
+use super::rounds;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
 use crate::catalog::{Prompt, PromptError, ResourceError, ServedResource, Tool};
@@ -152,7 +153,8 @@ pub(super) struct RequestInfo<'a> {
     /// Who answers an upstream server's requests to the caller during the call: the client,
     /// on the request's SSE stream (only the direct path has one it can ask on: rmcp's
     /// stateless service numbers its own requests from 0 in every request, so an answer could
-    /// not be told from another request's).
+    /// not be told from another request's). 2026-07-28 callers are asked in rounds instead
+    /// ([`rounds`]).
     pub asker: Option<Arc<dyn ClientAsker>>,
 }
 
@@ -468,7 +470,7 @@ impl McpHandler {
 
     async fn call(
         &self,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let info = RequestInfo::from_context(context);
@@ -484,6 +486,23 @@ impl McpHandler {
         if scope == Scope::Search {
             return Err(errors::unknown_tool(&request.name));
         }
+        if context.protocol_version() == Some(ProtocolVersion::V_2026_07_28) {
+            if let Some(state) = request.request_state.take() {
+                let owner = who.owner_key();
+                let responses = request.input_responses.take();
+                return self
+                    .rounds(&owner)
+                    .later_round(self.state.calls.quota(), &state, responses, &info.cancel)
+                    .await;
+            }
+            let upstream =
+                self.state.catalog.get(&request.name).filter(|t| t.upstream.is_some() && scope.selection().contains(t));
+            if let Some(tool) = upstream {
+                let timeout = u64::try_from(tool.spec.execution.timeout_seconds.clamp(1, 3600)).unwrap_or(60);
+                let capabilities = context.client_capabilities().unwrap_or_default();
+                return self.call_in_rounds(request, &info, capabilities, Duration::from_secs(timeout)).await;
+            }
+        }
         let job = self
             .state
             .catalog
@@ -493,6 +512,53 @@ impl McpHandler {
             return self.call_as_task(request, &info).await;
         }
         self.call_registered(request, &info).await.map(Into::into)
+    }
+
+    /// The multi-round-trip request of the caller with storage key `owner` ([`rounds`]).
+    fn rounds<'a>(&'a self, owner: &'a toolyard_api::OwnerKey) -> rounds::Rounds<'a> {
+        rounds::Rounds { asks: &self.state.asks, store: &self.state.store, owner }
+    }
+
+    /// `tools/call` of an upstream server's tool from a 2026-07-28 client: the call is held
+    /// ([`rounds`]), so that the server's requests reach the caller as `input_required`
+    /// results, answered by the caller's retries.
+    async fn call_in_rounds(
+        &self,
+        request: CallToolRequestParams,
+        info: &RequestInfo<'_>,
+        capabilities: rmcp::model::ClientCapabilities,
+        timeout: Duration,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let who = info.identity()?.clone();
+        let owner = who.owner_key();
+        let (asker, holding) =
+            rounds::hold(self.state.asks.clone(), self.state.store.clone(), owner.clone(), capabilities);
+        let input = CallInput {
+            who,
+            selection: info.scope().selection(),
+            tool: request.name.into_owned(),
+            arguments: request.arguments.unwrap_or_default(),
+            traceparent: info.traceparent(),
+            parent_task: None,
+            cancel: holding.stop.clone(),
+            cancel_key: None,
+            progress: info.progress.clone(),
+            logs: info.logs.clone(),
+            asker: Some(asker),
+            task: None,
+        };
+        // A `notifications/cancelled` for this request stops the call while it answers it.
+        let cancel_key = cancel::cancel_key(&owner, &info.request_id);
+        let _registration = self.state.cancels.register(cancel_key, info.cancel.clone());
+        let handler = self.clone();
+        let key = owner.clone();
+        let call = async move {
+            match handler.state.calls.call(input).await {
+                Ok(called) => Ok(handler.answer(&key, called.id, called.result).await),
+                Err(e) => handler.refused(e),
+            }
+        };
+        self.rounds(&owner).first_round(call, holding, &info.cancel, timeout).await
     }
 
     /// `tools/call` of a Job-mode tool from a client with the tasks extension: admitted like

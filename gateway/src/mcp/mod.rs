@@ -20,6 +20,7 @@ mod direct;
 pub mod errors;
 mod handler;
 pub mod resources;
+mod rounds;
 pub mod tasks;
 
 use std::sync::Arc;

@@ -194,8 +194,8 @@ fn relayed_capabilities() -> ClientCapabilities {
 fn unrelayed(method: &str) -> ErrorData {
     ErrorData::invalid_request(
         format!(
-            "Toolyard passes {method} on only to the caller of a call to this server, made over Streamable HTTP \
-             by a 2025-11-25 (or older) client; there is none to ask for this request"
+            "Toolyard passes {method} on only to the caller of a call to this server, made over Streamable HTTP; \
+             there is none to ask for this request"
         ),
         None,
     )

@@ -540,11 +540,22 @@ impl Gateway {
         user: User,
         mode: ClientLifecycleMode,
     ) -> RunningService<RoleClient, ClientConfig> {
+        self.client_with(url, user, mode, ClientConfig::default()).await
+    }
+
+    /// An rmcp client at `url` that declares `config` (its capabilities).
+    pub async fn client_with(
+        &self,
+        url: &str,
+        user: User,
+        mode: ClientLifecycleMode,
+        config: ClientConfig,
+    ) -> RunningService<RoleClient, ClientConfig> {
         let token = TestEnv::get().token(user).to_owned();
         let transport = StreamableHttpClientTransport::from_config(
             StreamableHttpClientTransportConfig::with_uri(url.to_owned()).auth_header(token),
         );
-        ClientConfig::default().serve_with_lifecycle(transport, mode).await.expect("MCP client connects")
+        config.serve_with_lifecycle(transport, mode).await.expect("MCP client connects")
     }
 
     /// Names of the tools `client` can list (all pages).

@@ -1,0 +1,389 @@
+//! The requests an upstream server sends a 2026-07-28 caller during a call, in the
+//! multi-round-trip form (SEP-2322: `inputRequests`, then a retry with `inputResponses` and
+//! `requestState`).
+//!
+//! Such a caller's `tools/call` has no stream the gateway could ask on. So the upstream call
+//! is **held**: it runs on in a task of its own while its requests go to the caller as an
+//! `input_required` result, and the caller's retry carries the answers.
+//!
+//! - **First round.** The call starts as any other. When it ends before asking anything, the
+//!   request is answered with its result. When the server asks, the request is answered with
+//!   `input_required`: the requests (each under an ask id of [`super::asks`]; requests asked
+//!   at about the same moment come together) and a `requestState` of `<held id>.1`. The held
+//!   call is recorded in the caller's own storage (`asks/toolyard-round-<held id>/held.json`,
+//!   with its deadline).
+//! - **Each retry**, at any replica: the `requestState` must name a held call of the caller
+//!   (else invalid params, at once). Its answers are passed on as a 2025-era client's answers
+//!   are ([`super::asks::pass_on`]: handed to the wait on this replica, or stored for the
+//!   replica that holds the call). Then it waits for the held call's next event: more
+//!   requests (answered `input_required` again, `requestState` `<held id>.<n + 1>`) or the
+//!   call's end. The replica that holds the call passes each event on the same way, under
+//!   the id `toolyard-round-<held id>-<n>`.
+//!
+//! The held call ends at its own deadline like any call; a request of it waits no longer. A
+//! caller that never retries leaves its stored event behind until retention deletes it. The
+//! requests reach only a caller that declared the capability they need (`sampling`,
+//! `elicitation`); the server is told at once that any other caller cannot be asked.
+//! Progress and log messages of a held call reach the first request only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rmcp::ErrorData;
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ClientCapabilities, InputRequest, InputRequiredResult, InputResponses,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use toolyard_api::OwnerKey;
+
+use super::asks::{self, Asks, Undelivered};
+use crate::core::ClientAsker;
+use crate::core::quota::StorageQuota;
+use crate::store::ArtifactStore;
+
+/// How a held call's ids begin.
+const ROUND_PREFIX: &str = "toolyard-round-";
+
+/// How long after its deadline a retry still waits for a held call's last event (the call
+/// ends at its deadline; its end may take a moment to be stored).
+const DEADLINE_GRACE: Duration = Duration::from_secs(10);
+
+/// What a held call sends, one message at a time.
+enum Message {
+    /// A request for the caller, under its ask id.
+    Ask(String, Box<InputRequest>),
+    /// The call's end.
+    Done(Result<CallToolResult, ErrorData>),
+}
+
+/// What a held call does next, as a round answers it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Event {
+    /// Requests for the caller, by ask id.
+    Input(BTreeMap<String, InputRequest>),
+    /// The call's result.
+    Done(CallToolResult),
+}
+
+/// A held call's events: the requests waiting in the queue together come as one.
+struct Events {
+    queue: mpsc::Receiver<Message>,
+    next: Option<Message>,
+}
+
+impl Events {
+    /// The next event; its error when the call ended with one. `None` once the call is gone.
+    async fn next(&mut self) -> Option<Result<Event, ErrorData>> {
+        let first = match self.next.take() {
+            Some(message) => message,
+            None => self.queue.recv().await?,
+        };
+        let (key, request) = match first {
+            Message::Done(result) => return Some(result.map(Event::Done)),
+            Message::Ask(key, request) => (key, request),
+        };
+        let mut requests = BTreeMap::from([(key, *request)]);
+        while let Ok(message) = self.queue.try_recv() {
+            match message {
+                Message::Ask(key, request) => {
+                    requests.insert(key, *request);
+                }
+                done => {
+                    self.next = Some(done);
+                    break;
+                }
+            }
+        }
+        Some(Ok(Event::Input(requests)))
+    }
+}
+
+/// Asks a 2026-07-28 caller: each request becomes an event of its held call, and waits for
+/// the answer a retry passes on.
+struct RoundAsker {
+    asks: Arc<Asks>,
+    store: Arc<dyn ArtifactStore>,
+    owner: OwnerKey,
+    capabilities: ClientCapabilities,
+    events: mpsc::Sender<Message>,
+}
+
+#[async_trait::async_trait]
+impl ClientAsker for RoundAsker {
+    async fn ask(&self, method: &str, params: Value) -> Result<Value, ErrorData> {
+        let declared = match method {
+            "sampling/createMessage" => self.capabilities.sampling.is_some(),
+            "elicitation/create" => self.capabilities.elicitation.is_some(),
+            _ => false,
+        };
+        if !declared {
+            return Err(ErrorData::invalid_request(
+                format!("the caller cannot be asked {method}: it did not declare the capability"),
+                None,
+            ));
+        }
+        let request: InputRequest = serde_json::from_value(serde_json::json!({"method": method, "params": params}))
+            .map_err(|e| {
+                ErrorData::invalid_params(format!("the {method} request is not one a caller can be asked: {e}"), None)
+            })?;
+        let id = asks::new_ask_id();
+        let waiting = self.asks.wait(id.clone(), self.owner.clone());
+        let gone = || ErrorData::internal_error("the caller's request ended before the caller answered", None);
+        if self.events.send(Message::Ask(id, Box::new(request))).await.is_err() {
+            return Err(gone());
+        }
+        waiting
+            .answer(self.store.as_ref(), async {
+                self.events.closed().await;
+                gone()
+            })
+            .await
+    }
+}
+
+/// A call about to be held: its asker, for the call's input, and its events.
+pub(super) struct Holding {
+    events: Events,
+    sender: mpsc::Sender<Message>,
+    /// Stops the held call.
+    pub stop: CancellationToken,
+}
+
+/// A call to hold for `owner`, a 2026-07-28 caller with `capabilities`: the asker to run it
+/// with, and what [`first_round`] needs.
+pub(super) fn hold(
+    asks: Arc<Asks>,
+    store: Arc<dyn ArtifactStore>,
+    owner: OwnerKey,
+    capabilities: ClientCapabilities,
+) -> (Arc<dyn ClientAsker>, Holding) {
+    let (sender, queue) = mpsc::channel(crate::upstream::logs::MAX_ASKS_AT_ONCE + 1);
+    let asker = RoundAsker { asks, store, owner, capabilities, events: sender.clone() };
+    (Arc::new(asker), Holding { events: Events { queue, next: None }, sender, stop: CancellationToken::new() })
+}
+
+/// The record of a held call in its caller's storage.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Held {
+    /// When the call ends at the latest.
+    deadline: jiff::Timestamp,
+}
+
+fn held_path(held: &str) -> String {
+    format!("asks/{ROUND_PREFIX}{held}/held.json")
+}
+
+/// The id a held call's `n`th event is passed on under.
+fn event_id(held: &str, n: u32) -> String {
+    format!("{ROUND_PREFIX}{held}-{n}")
+}
+
+fn request_state(held: &str, n: u32) -> String {
+    format!("{held}.{n}")
+}
+
+/// `(held id, round)` from a `requestState` this gateway gave.
+fn parse_request_state(state: &str) -> Option<(&str, u32)> {
+    let (held, n) = state.split_once('.')?;
+    let round = n.parse().ok().filter(|n| *n >= 1)?;
+    (held.len() == 32 && held.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then_some((held, round))
+}
+
+fn input_required(requests: BTreeMap<String, InputRequest>, held: &str, n: u32) -> CallToolResponse {
+    InputRequiredResult::new(Some(requests), Some(request_state(held, n))).into()
+}
+
+/// What a call's store and limits are, for the rounds.
+pub(super) struct Rounds<'a> {
+    pub asks: &'a Arc<Asks>,
+    pub store: &'a Arc<dyn ArtifactStore>,
+    pub owner: &'a OwnerKey,
+}
+
+impl Rounds<'_> {
+    /// The first round: runs `call` (made with [`hold`]'s asker) held, and answers with its
+    /// result when it ends before asking, or with its first requests. `cancel` (the request's)
+    /// stops the call while this round waits; `timeout` is the call's own.
+    pub async fn first_round(
+        &self,
+        call: impl Future<Output = Result<CallToolResult, ErrorData>> + Send + 'static,
+        holding: Holding,
+        cancel: &CancellationToken,
+        timeout: Duration,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let Holding { mut events, sender, stop } = holding;
+        let stop_unless_held = stop.clone().drop_guard();
+        tokio::spawn(async move {
+            let result = call.await;
+            let _ = sender.send(Message::Done(result)).await;
+        });
+        let first = tokio::select! {
+            event = events.next() => event,
+            () = cancel.cancelled() => return Err(ErrorData::internal_error("the call was cancelled", None)),
+        };
+        let requests = match first {
+            None => return Err(ErrorData::internal_error("the call ended without an answer", None)),
+            Some(Err(error)) => return Err(error),
+            Some(Ok(Event::Done(result))) => return Ok(result.into()),
+            Some(Ok(Event::Input(requests))) => requests,
+        };
+        let held = uuid::Uuid::new_v4().simple().to_string();
+        let deadline = jiff::Timestamp::now() + timeout;
+        let record = serde_json::to_vec(&Held { deadline }).unwrap_or_default();
+        if let Err(e) = self.store.put(self.owner, &held_path(&held), Bytes::from(record)).await {
+            tracing::warn!(error = %e, "recording a held call failed");
+            return Err(ErrorData::internal_error(
+                "the call asks for input, and could not be held for the answer; try again",
+                None,
+            ));
+        }
+        stop_unless_held.disarm();
+        let (asks, store, owner) = (self.asks.clone(), self.store.clone(), self.owner.clone());
+        tokio::spawn(pass_events_on(asks, store, owner, held.clone(), events));
+        Ok(input_required(requests, &held, 1))
+    }
+
+    /// A retry with `request_state` and `responses`: passes the answers on, then answers with
+    /// the held call's next event. `cancel` (the request's) ends the wait, not the call.
+    pub async fn later_round(
+        &self,
+        quota: &StorageQuota,
+        state: &str,
+        responses: Option<InputResponses>,
+        cancel: &CancellationToken,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let unknown = || {
+            ErrorData::invalid_params(
+                "requestState names no call of yours that waits for input (it ended, or it is not one this gateway gave)",
+                None,
+            )
+        };
+        let (held, n) = parse_request_state(state).ok_or_else(unknown)?;
+        let record = match self.store.get(self.owner, &held_path(held)).await {
+            Ok(Some(bytes)) => serde_json::from_slice::<Held>(&bytes).map_err(|_| unknown())?,
+            Ok(None) => return Err(unknown()),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a held call's record failed");
+                return Err(ErrorData::internal_error("the call's state could not be read; try again", None));
+            }
+        };
+        let responses = responses.unwrap_or_default();
+        if let Some(key) = responses.keys().find(|k| !asks::is_ask_id(k)) {
+            return Err(ErrorData::invalid_params(
+                format!("inputResponses has a key no request was asked under: {key:?}"),
+                None,
+            ));
+        }
+        // Registered before the answers go on, so that an event they cause at once finds it.
+        let waiting = self.asks.wait(event_id(held, n), self.owner.clone());
+        for (key, answer) in responses {
+            match asks::pass_on(self.asks, self.store.as_ref(), Some(quota), self.owner, &key, Ok(answer)).await {
+                Ok(()) => {}
+                Err(Undelivered::Quota(message)) => return Err(ErrorData::invalid_request(message, None)),
+                Err(Undelivered::Failed) => {
+                    return Err(ErrorData::internal_error("an answer could not be passed on; try again", None));
+                }
+            }
+        }
+        let left = Duration::try_from(record.deadline.duration_since(jiff::Timestamp::now())).unwrap_or_default()
+            + DEADLINE_GRACE;
+        let answer = waiting
+            .answer(self.store.as_ref(), async {
+                tokio::select! {
+                    () = cancel.cancelled() => ErrorData::internal_error("the request was cancelled", None),
+                    () = tokio::time::sleep(left) => ErrorData::internal_error("the held call did not answer by its deadline", None),
+                }
+            })
+            .await;
+        let event = answer.and_then(|value| {
+            serde_json::from_value::<Event>(value)
+                .map_err(|e| ErrorData::internal_error(format!("the held call's event is unreadable: {e}"), None))
+        });
+        match event {
+            Ok(Event::Input(requests)) => Ok(input_required(requests, held, n + 1)),
+            ended => {
+                if let Err(e) = self.store.delete_folder(self.owner, &format!("asks/{ROUND_PREFIX}{held}/")).await {
+                    tracing::warn!(error = %e, "deleting a held call's record failed");
+                }
+                ended.map(|event| match event {
+                    Event::Done(result) => result.into(),
+                    Event::Input(_) => unreachable!("matched above"),
+                })
+            }
+        }
+    }
+}
+
+/// Passes a held call's events after the first on, each to the retry that waits for it (here,
+/// or through storage), until the call ends.
+async fn pass_events_on(
+    asks: Arc<Asks>,
+    store: Arc<dyn ArtifactStore>,
+    owner: OwnerKey,
+    held: String,
+    mut events: Events,
+) {
+    let mut n = 1;
+    while let Some(event) = events.next().await {
+        let end = !matches!(event, Ok(Event::Input(_)));
+        let answer = event.and_then(|event| {
+            serde_json::to_value(event).map_err(|e| ErrorData::internal_error(format!("the call's event: {e}"), None))
+        });
+        if asks::pass_on(&asks, store.as_ref(), None, &owner, &event_id(&held, n), answer).await.is_err() {
+            tracing::warn!(held = %held, round = n, "a held call's event could not be passed on");
+        }
+        if end {
+            return;
+        }
+        n += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_request_states_of_the_gateways_form_are_read() {
+        let held = "0123456789abcdef0123456789abcdef";
+        assert_eq!(parse_request_state(&request_state(held, 3)), Some((held, 3)));
+        for bad in [
+            "",
+            "0123456789abcdef0123456789abcdef",
+            "0123456789abcdef0123456789abcdef.0",
+            "0123456789abcdef0123456789abcdef.-1",
+            "0123456789ABCDEF0123456789abcdef.1",
+            "../../calls/x.1",
+            "0123456789abcdef0123456789abcde.1",
+        ] {
+            assert_eq!(parse_request_state(bad), None, "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_asked_together_come_as_one_event_and_the_end_after_them() {
+        let (sender, queue) = mpsc::channel(8);
+        let mut events = Events { queue, next: None };
+        let request = |message: &str| {
+            let value = serde_json::json!({"method": "elicitation/create", "params": {
+                "mode": "form", "message": message, "requestedSchema": {"type": "object", "properties": {}}}});
+            Box::new(serde_json::from_value::<InputRequest>(value).expect("an elicitation"))
+        };
+        sender.send(Message::Ask("a".into(), request("first"))).await.unwrap();
+        sender.send(Message::Ask("b".into(), request("second"))).await.unwrap();
+        sender.send(Message::Done(Ok(CallToolResult::success(vec![])))).await.unwrap();
+        sender.send(Message::Ask("c".into(), request("late"))).await.unwrap();
+        drop(sender);
+        let Some(Ok(Event::Input(first))) = events.next().await else { panic!("requests first") };
+        assert_eq!(first.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(matches!(events.next().await, Some(Ok(Event::Done(_)))));
+        assert!(matches!(events.next().await, Some(Ok(Event::Input(_)))));
+        assert!(events.next().await.is_none());
+    }
+}
