@@ -823,6 +823,33 @@ async fn a_2026_caller_answers_an_upstream_servers_requests_in_rounds() {
     let flood = flooded.call_tool(call("market_data_ask_flood", json!({"count": 12}))).await.expect("call");
     let report = text(&flood);
     assert!(report.starts_with("answered 4; refused 8: "), "{report}");
+
+    // A cancellation of a later round stops the held call: it reaches the server.
+    let sleepy = || call("market_data_ask_flood", json!({"count": 1, "then_sleep": 60}));
+    let first = client.call_tool_once(sleepy()).await.expect("first round");
+    let CallToolResponse::InputRequired(asked) = first else { panic!("input required: {first:?}") };
+    let key = asked.input_requests.as_ref().and_then(|r| r.keys().next().cloned()).expect("a request");
+    let retry = sleepy()
+        .with_input_responses([(key, json!({"action": "accept", "content": {}}))].into())
+        .with_request_state(asked.request_state.expect("a request state"));
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(CallToolRequest::new(retry)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .expect("sent");
+    // The answer reaches the server before the cancellation does.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    handle.cancel(Some("test".into())).await.expect("cancel sent");
+    let marker = markers.path().join("cancelled");
+    for _ in 0..100 {
+        if marker.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(marker.exists(), "the cancellation of a later round reaches the server");
 }
 
 /// A 2026-07-28 client with `handler`, at the MCP URL `url`.

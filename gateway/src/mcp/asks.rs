@@ -30,6 +30,7 @@ use http::StatusCode;
 use rmcp::ErrorData;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use toolyard_api::OwnerKey;
 
 use crate::core::ClientAsker;
@@ -49,6 +50,9 @@ type Answer = Result<Value, ErrorData>;
 #[derive(Default)]
 pub struct Asks {
     waiting: Mutex<HashMap<String, Waiter>>,
+    /// The calls held here between a 2026-07-28 caller's rounds ([`super::rounds`]), by held
+    /// id: whose, and how to stop each.
+    held: Mutex<HashMap<String, (OwnerKey, CancellationToken)>>,
 }
 
 struct Waiter {
@@ -113,6 +117,22 @@ impl Asks {
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.clone(), Waiter { owner: owner.clone(), answer: sender });
         Waiting { asks: self, id, owner, answered }
+    }
+
+    /// Records the call held here under `id` for `owner`, stopped by `stop`.
+    pub(super) fn hold(&self, id: String, owner: OwnerKey, stop: CancellationToken) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (owner, stop));
+    }
+
+    /// Forgets the held call `id` (it ended).
+    pub(super) fn release(&self, id: &str) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+    }
+
+    /// How to stop `owner`'s call held here under `id`, if it is held here.
+    pub(super) fn held_stop(&self, id: &str, owner: &OwnerKey) -> Option<CancellationToken> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.get(id).filter(|(o, _)| o == owner).map(|(_, stop)| stop.clone())
     }
 
     /// Hands `answer` to the request `id` waiting here for `owner`'s answer; gives it back

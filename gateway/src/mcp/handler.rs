@@ -492,7 +492,7 @@ impl McpHandler {
                 let responses = request.input_responses.take();
                 return self
                     .rounds(&owner)
-                    .later_round(self.state.calls.quota(), &state, responses, &info.cancel)
+                    .later_round(self.state.calls.quota(), &state, responses, &info.request_id, &info.cancel)
                     .await;
             }
             let upstream =
@@ -516,7 +516,7 @@ impl McpHandler {
 
     /// The multi-round-trip request of the caller with storage key `owner` ([`rounds`]).
     fn rounds<'a>(&'a self, owner: &'a toolyard_api::OwnerKey) -> rounds::Rounds<'a> {
-        rounds::Rounds { asks: &self.state.asks, store: &self.state.store, owner }
+        rounds::Rounds { asks: &self.state.asks, store: &self.state.store, cancels: &self.state.cancels, owner }
     }
 
     /// `tools/call` of an upstream server's tool from a 2026-07-28 client: the call is held

@@ -20,7 +20,8 @@
 //!   call's end. The replica that holds the call passes each event on the same way, under
 //!   the id `toolyard-round-<held id>-<n>`.
 //!
-//! The held call ends at its own deadline like any call; a request of it waits no longer. A
+//! A round's cancellation stops the held call when the call is held on the replica serving
+//! the round. The held call ends at its own deadline like any call; a request of it waits no longer. A
 //! caller that never retries leaves its stored event behind until retention deletes it. The
 //! requests reach only a caller that declared the capability they need (`sampling`,
 //! `elicitation`); the server is told at once that any other caller cannot be asked.
@@ -41,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::OwnerKey;
 
 use super::asks::{self, Asks, Undelivered};
+use super::cancel::{CancelRegistry, cancel_key};
 use crate::core::ClientAsker;
 use crate::core::quota::StorageQuota;
 use crate::store::ArtifactStore;
@@ -199,10 +201,11 @@ fn input_required(requests: BTreeMap<String, InputRequest>, held: &str, n: u32) 
     InputRequiredResult::new(Some(requests), Some(request_state(held, n))).into()
 }
 
-/// What a call's store and limits are, for the rounds.
+/// Where a caller's rounds wait, are stored and are cancelled.
 pub(super) struct Rounds<'a> {
     pub asks: &'a Arc<Asks>,
     pub store: &'a Arc<dyn ArtifactStore>,
+    pub cancels: &'a CancelRegistry,
     pub owner: &'a OwnerKey,
 }
 
@@ -244,18 +247,22 @@ impl Rounds<'_> {
             ));
         }
         stop_unless_held.disarm();
+        self.asks.hold(held.clone(), self.owner.clone(), stop);
         let (asks, store, owner) = (self.asks.clone(), self.store.clone(), self.owner.clone());
         tokio::spawn(pass_events_on(asks, store, owner, held.clone(), events));
         Ok(input_required(requests, &held, 1))
     }
 
-    /// A retry with `request_state` and `responses`: passes the answers on, then answers with
-    /// the held call's next event. `cancel` (the request's) ends the wait, not the call.
+    /// A retry with `request_state` and `responses` (request `request_id`): passes the answers
+    /// on, then answers with the held call's next event. `cancel` (the request's) ends the
+    /// wait; it, or a `notifications/cancelled` for the request, also stops the call when the
+    /// call is held on this replica (as any call is cancelled only where it runs).
     pub async fn later_round(
         &self,
         quota: &StorageQuota,
         state: &str,
         responses: Option<InputResponses>,
+        request_id: &Value,
         cancel: &CancellationToken,
     ) -> Result<CallToolResponse, ErrorData> {
         let unknown = || {
@@ -280,6 +287,10 @@ impl Rounds<'_> {
                 None,
             ));
         }
+        // A call held here stops with this request: a `notifications/cancelled` for it, or its
+        // end (how a 2026-07-28 client cancels).
+        let stop = self.asks.held_stop(held, self.owner);
+        let _registration = stop.clone().map(|stop| self.cancels.register(cancel_key(self.owner, request_id), stop));
         // Registered before the answers go on, so that an event they cause at once finds it.
         let waiting = self.asks.wait(event_id(held, n), self.owner.clone());
         for (key, answer) in responses {
@@ -296,7 +307,10 @@ impl Rounds<'_> {
         let answer = waiting
             .answer(self.store.as_ref(), async {
                 tokio::select! {
-                    () = cancel.cancelled() => ErrorData::internal_error("the request was cancelled", None),
+                    () = cancel.cancelled() => {
+                        stop.as_ref().inspect(|stop| stop.cancel());
+                        ErrorData::internal_error("the request was cancelled", None)
+                    }
                     () = tokio::time::sleep(left) => ErrorData::internal_error("the held call did not answer by its deadline", None),
                 }
             })
@@ -339,10 +353,11 @@ async fn pass_events_on(
             tracing::warn!(held = %held, round = n, "a held call's event could not be passed on");
         }
         if end {
-            return;
+            break;
         }
         n += 1;
     }
+    asks.release(&held);
 }
 
 #[cfg(test)]
