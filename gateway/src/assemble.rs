@@ -69,6 +69,7 @@ pub fn assemble(
 ) -> Assembled {
     let Backends { catalog, executor, store, authorizer, tasks, models, recorder, signing_key, auth, public_routes } =
         backends;
+    let session_key = signing_key.derive("mcp-session");
     let mut internal_state = InternalState::new(store.clone(), signing_key);
     if let Some(hub) = executor.progress_hub() {
         internal_state = internal_state.with_progress(hub);
@@ -77,6 +78,7 @@ pub fn assemble(
         .with_tasks(tasks.clone())
         .with_models(models.clone())
         .with_metrics(metrics)
+        .with_session_key(session_key)
         .with_shutdown(tokens.app.clone());
     let task_api = TaskApi { backend: tasks, calls: state.calls.clone(), models };
     let internal = crate::internal::router(

@@ -83,6 +83,8 @@ pub struct AppState {
     pub cancels: Arc<CancelRegistry>,
     /// The requests for callers this process waits on an answer for.
     pub asks: Arc<crate::mcp::asks::Asks>,
+    /// 2025-era clients' sessions: their ids, and the GET streams held here.
+    pub sessions: Arc<crate::mcp::sessions::Sessions>,
     /// Admission state.
     pub limits: Arc<Limits>,
     /// Metrics registry.
@@ -122,12 +124,19 @@ impl AppState {
             models: Arc::new(ModelProxy::none()),
             cancels: Arc::new(CancelRegistry::default()),
             asks: Arc::default(),
+            sessions: Arc::default(),
             limits,
             metrics,
             settings: Arc::new(settings),
             shutdown: CancellationToken::new(),
             health: Arc::new(HealthCache::default()),
         }
+    }
+
+    /// The same state with sessions made and checked under `key` (shared by every replica).
+    pub fn with_session_key(mut self, key: toolyard_api::token::SigningKey) -> Self {
+        self.sessions = Arc::new(crate::mcp::sessions::Sessions::new(key));
+        self
     }
 
     /// The same state with the given metrics (to share a registry with other parts).

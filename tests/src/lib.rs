@@ -21,6 +21,7 @@ use tokio::sync::OnceCell;
 pub mod chart;
 pub mod fixtures;
 pub mod images;
+pub mod legacy;
 pub mod local;
 pub mod model_server;
 pub mod s3;

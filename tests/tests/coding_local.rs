@@ -15,6 +15,7 @@ use rmcp::model::{
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
+use toolyard_tests::legacy::LegacySession;
 use toolyard_tests::local::{self, TempDir, toolyard};
 use toolyard_tests::model_server::{Gate, Reply, ScriptedModel, Turn, wait_for_requests};
 use toolyard_tests::repo_path;
@@ -750,8 +751,28 @@ async fn a_subscription_hears_when_a_task_result_arrives() {
     filter.resource_subscriptions = Some(vec![uri.clone(), "toolyard://tasks/task-000000000000/result".into()]);
     let mut subscription = client.peer().listen(filter).await.expect("subscriptions/listen");
     assert!(subscription.acknowledged().resource_subscriptions.as_ref().is_some_and(|u| u.contains(&uri)));
+
+    // A 2025-11-25 client subscribes in its session, and hears on the session's GET stream.
+    let session = LegacySession::open(&gateway.url, TOKEN).await;
+    let mut stream = session.stream().await;
+    let subscribe =
+        |uri: &str| json!({"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe", "params": {"uri": uri}});
+    let subscribed = session.post(subscribe(&uri)).await;
+    assert_eq!(subscribed["result"], json!({}), "{subscribed}");
+    let other = session.post(subscribe("quotes://ACME/last")).await;
+    assert!(other["error"]["message"].as_str().is_some_and(|m| m.contains("task resources")), "{other}");
+    let sessionless = session.without_id().post(subscribe(&uri)).await;
+    assert!(sessionless["error"]["message"].as_str().is_some_and(|m| m.contains("needs a session")), "{sessionless}");
+
     wait_for_requests(&model, 1, Duration::from_secs(60)).await.expect("the agent asks the model");
     gate.open();
+    let heard = tokio::time::timeout(Duration::from_secs(60), stream.until("notifications/resources/updated"))
+        .await
+        .unwrap_or_else(|_| {
+            gateway.dump_log();
+            panic!("the session's stream hears no update")
+        });
+    assert_eq!(heard["params"]["uri"], uri, "{heard}");
     let updated = tokio::time::timeout(Duration::from_secs(60), async {
         loop {
             match subscription.next().await.expect("notification") {

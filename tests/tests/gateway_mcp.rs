@@ -25,6 +25,7 @@ use toolyard_api::token::{Claims, RunKind};
 use toolyard_api::{OwnerKey, ToolCall};
 use toolyard_gateway::Identity;
 use toolyard_gateway::tasks::{NewTask, TaskRecord, new_task_id};
+use toolyard_tests::legacy::LegacySession;
 use toolyard_tests::{TestEnv, User, wait_until};
 
 /// A namespace with the platform's RBAC, `tools` (object name, MCP name, timeout) Ready, and
@@ -323,6 +324,44 @@ async fn new_and_deleted_tools_show_up_and_modern_clients_are_notified() {
     client.cancel().await.ok();
 }
 
+/// A 2025-11-25 client's session is kept by no replica: opened at one, it is taken at
+/// another, whose GET stream of it hears the catalog change. It is the caller's only: another
+/// user sending it, or a forged id, gets 404.
+#[tokio::test]
+async fn a_2025_session_opened_at_one_replica_streams_changes_from_another() {
+    let ns = setup("gwsession", &[("first", "first", 60)]).await;
+    let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let env = TestEnv::get();
+    let session = LegacySession::open(&a.mcp_url(), env.token(User::Alice)).await;
+    let at_b = session.at(&b.mcp_url());
+    let listed = at_b.post(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).await;
+    let names: Vec<&str> =
+        listed["result"]["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"first"), "{listed}");
+    let bobs = at_b.as_other(env.token(User::Bob));
+    assert_eq!(
+        bobs.request(reqwest::Method::POST)
+            .json(&json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}))
+            .send()
+            .await
+            .expect("POST")
+            .status(),
+        404
+    );
+    assert_eq!(bobs.get().await.status(), 404);
+    let mut forged = at_b.clone();
+    forged.id = format!("{}.{}", "0".repeat(32), "0".repeat(64));
+    assert_eq!(forged.get().await.status(), 404);
+
+    let mut stream = at_b.stream().await;
+    create_tool(&ns, "second", spec("second", 60), true).await;
+    let note = tokio::time::timeout(Duration::from_secs(20), stream.until("notifications/tools/list_changed"))
+        .await
+        .expect("notified in time");
+    assert_eq!(note["jsonrpc"], "2.0", "{note}");
+}
+
 /// The error a refused `subscriptions/listen` ends with: rmcp acknowledges a subscription
 /// before the server's handler runs, so a refusal is the request's answer right after it.
 async fn refused_listen(client: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>) -> String {
@@ -403,12 +442,13 @@ async fn both_protocol_revisions_list_and_call() {
         assert_eq!(Gateway::listed(&client).await, ["echo"], "{version:?}");
         let r = client.call_tool(call("echo", json!({"x": 7}))).await.expect("call");
         assert_eq!(r.structured_content, Some(json!({"echo": {"x": 7}})), "{version:?}");
-        // Change notifications are advertised only to the revision that can receive them
-        // (subscriptions/listen): a 2025-11-25 client has no stream on a sessionless gateway.
+        // Both revisions can receive change notifications: a 2026-07-28 client through
+        // subscriptions/listen, a 2025-11-25 client on its session's GET stream.
         let modern = version == ProtocolVersion::V_2026_07_28;
         let capabilities = client.peer_info().map(|i| i.capabilities.clone()).expect("server info");
-        assert_eq!(capabilities.tools.and_then(|t| t.list_changed), modern.then_some(true), "{version:?}");
-        assert_eq!(capabilities.resources.and_then(|r| r.subscribe), modern.then_some(true), "{version:?}");
+        assert_eq!(capabilities.tools.and_then(|t| t.list_changed), Some(true), "{version:?}");
+        assert_eq!(capabilities.resources.as_ref().and_then(|r| r.subscribe), Some(true), "{version:?}");
+        assert_eq!(capabilities.resources.and_then(|r| r.list_changed), None, "never sent: {version:?}");
         // An unknown resource names its URI in `data`: -32602 from 2026-07-28 (SEP-2164).
         let uri = "toolyard://tasks/task-000000000000/result";
         match client.read_resource(rmcp::model::ReadResourceRequestParams::new(uri)).await {

@@ -26,6 +26,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::builtin::Builtin;
+use super::changes::{ChangeFeed, MAX_RESOURCE_SUBSCRIPTIONS, Wants};
 use super::rounds;
 use super::tasks::TaskTools;
 use super::{Scope, cancel, convert, cursor, errors, resources};
@@ -104,9 +105,6 @@ fn call_state_result(id: &RunId, progress: &CallProgress, cancel: bool) -> CallT
     }
     answer
 }
-
-/// Most resources one subscription may watch.
-const MAX_RESOURCE_SUBSCRIPTIONS: usize = 100;
 
 /// One entry of `tools/list`: a registered tool or a built-in.
 pub(super) enum Entry<'a> {
@@ -512,6 +510,31 @@ impl McpHandler {
             return self.call_as_task(request, &info).await;
         }
         self.call_registered(request, &info).await.map(Into::into)
+    }
+
+    /// The caller and session of a `resources/subscribe` (or unsubscribe) of `uri`: a task
+    /// resource URI, from a request with a session.
+    fn session_subscription<'c>(
+        &self,
+        uri: &str,
+        context: &'c RequestContext<RoleServer>,
+    ) -> Result<(&'c Identity, super::sessions::Session), ErrorData> {
+        let who = Self::identity(context)?;
+        let session = context.extensions.get::<http::request::Parts>().and_then(|p| p.extensions.get()).cloned();
+        let Some(session) = session else {
+            return Err(ErrorData::invalid_request(
+                "resources/subscribe needs a session: send the Mcp-Session-Id header the initialize answer gave \
+                 (2026-07-28 clients subscribe with subscriptions/listen)",
+                None,
+            ));
+        };
+        if self.state.tasks.is_none() || resources::TaskResource::parse(uri).is_none() {
+            return Err(ErrorData::invalid_params(
+                format!("updates are sent for task resources ({}...) only", resources::PREFIX),
+                Some(serde_json::json!({"uri": uri})),
+            ));
+        }
+        Ok((who, session))
     }
 
     /// The multi-round-trip request of the caller with storage key `owner` ([`rounds`]).
@@ -994,9 +1017,10 @@ impl ServerHandler for McpHandler {
         Cow::Borrowed(SUPPORTED_PROTOCOL_VERSIONS)
     }
 
-    /// A 2025-11-25 (or older) client is told only what it can get: this gateway keeps no
-    /// session, so such a client has no stream to receive `notifications/tools/list_changed`
-    /// (or prompts') or resource updates on; 2026-07-28 clients get them through `subscriptions/listen`.
+    /// A 2025-11-25 (or older) client is told only what it can get: list changes and
+    /// resource updates on its session's GET stream ([`super::sessions`]; the session id comes
+    /// with this answer), but no `notifications/resources/list_changed`, which the gateway
+    /// never sends.
     async fn initialize(
         &self,
         request: InitializeRequestParams,
@@ -1004,19 +1028,42 @@ impl ServerHandler for McpHandler {
     ) -> Result<InitializeResult, ErrorData> {
         context.peer.set_peer_info(request.clone());
         let mut result = self.negotiate_initialize(&request)?;
-        if result.protocol_version != ProtocolVersion::V_2026_07_28 {
-            if let Some(tools) = result.capabilities.tools.as_mut() {
-                tools.list_changed = None;
-            }
-            if let Some(prompts) = result.capabilities.prompts.as_mut() {
-                prompts.list_changed = None;
-            }
-            if let Some(resources) = result.capabilities.resources.as_mut() {
-                resources.subscribe = None;
-                resources.list_changed = None;
-            }
+        if let Some(resources) = result.capabilities.resources.as_mut() {
+            resources.list_changed = None;
         }
         Ok(result)
+    }
+
+    /// `resources/subscribe` of a 2025-era session: updates of a task resource reach the
+    /// session's GET stream. Without a session there is no stream to send them on.
+    async fn subscribe(
+        &self,
+        request: rmcp::model::SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let result = match self.session_subscription(&request.uri, &context) {
+            Ok((who, session)) => {
+                super::sessions::subscribe(&self.state, &who.owner_key(), &session, &request.uri).await
+            }
+            Err(e) => Err(e),
+        };
+        self.count("resources/subscribe", result.is_ok());
+        result
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: rmcp::model::UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let result = match self.session_subscription(&request.uri, &context) {
+            Ok((who, session)) => {
+                super::sessions::unsubscribe(&self.state, &who.owner_key(), &session, &request.uri).await
+            }
+            Err(e) => Err(e),
+        };
+        self.count("resources/unsubscribe", result.is_ok());
+        result
     }
 
     // Logging is deprecated in MCP (SEP-2577), not gone: it stays advertised while served.
@@ -1266,73 +1313,27 @@ impl ServerHandler for McpHandler {
             }
         };
         self.count("subscriptions/listen", true);
-        let mut changes = self.state.catalog.changes();
-        changes.borrow_and_update();
-        let wants_prompts = context.accepted().prompts_list_changed == Some(true);
-        let mut prompts = if wants_prompts { prompt_listings(self.state.catalog.as_ref()) } else { Vec::new() };
-        let uris = context.accepted().resource_subscriptions.clone().unwrap_or_default();
-        let mut watcher = resources::Watcher::default();
-        let owner = who.owner_key();
-        let mut task_changes = self.state.tasks.as_ref().map(|t| t.changes());
-        if !uris.is_empty() {
-            watcher.changed(&self.state, &owner, &uris).await;
-        }
+        let accepted = context.accepted();
+        let wants = Wants {
+            tools: accepted.tools_list_changed == Some(true),
+            prompts: accepted.prompts_list_changed == Some(true),
+        };
+        let uris = accepted.resource_subscriptions.clone().unwrap_or_default();
+        let mut feed = ChangeFeed::new(&self.state, who.owner_key(), wants, &uris).await;
         loop {
-            let task_changed = async {
-                match task_changes.as_mut() {
-                    Some(rx) if !uris.is_empty() => {
-                        if rx.changed().await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    _ => std::future::pending::<()>().await,
-                }
-            };
-            let recheck = async {
-                if uris.is_empty() {
-                    std::future::pending::<()>().await;
-                }
-                tokio::time::sleep(crate::tasks::RECHECK).await;
-            };
-            tokio::select! {
+            let next = tokio::select! {
                 () = context.cancelled() => return Ok(()),
                 () = self.state.shutdown.cancelled() => return Ok(()),
-                changed = changes.changed() => {
-                    if changed.is_err() {
-                        return Ok(());
-                    }
-                    if context.accepted().tools_list_changed == Some(true)
-                        && context.sink().notify_tool_list_changed().await.is_err()
-                    {
-                        return Ok(());
-                    }
-                    // Prompts change less often than tools: told only when they did.
-                    if wants_prompts {
-                        let now = prompt_listings(self.state.catalog.as_ref());
-                        if now != prompts {
-                            prompts = now;
-                            if context.sink().notify_prompt_list_changed().await.is_err() {
-                                return Ok(());
-                            }
-                        }
-                    }
-                }
-                () = task_changed => {}
-                () = recheck => {}
-            }
-            for uri in watcher.changed(&self.state, &owner, &uris).await {
-                if context.sink().notify_resource_updated(uri).await.is_err() {
+                next = feed.next(&self.state, &uris) => next,
+            };
+            let Some(notifications) = next else { return Ok(()) };
+            for notification in notifications {
+                if context.sink().send(notification).await.is_err() {
                     return Ok(());
                 }
             }
         }
     }
-}
-
-/// What a `prompts/list` shows of the catalog's prompts (before authorization): each one's
-/// listing, in name order.
-fn prompt_listings(catalog: &dyn crate::catalog::ToolCatalog) -> Vec<Value> {
-    catalog.prompts().iter().map(|p| p.listing.clone()).collect()
 }
 
 #[cfg(test)]

@@ -3,8 +3,8 @@
 //! validation before anything runs; the built-in task tools ([`builtin`], [`tasks`]); task
 //! results, events and files as resources ([`resources`]); the MCP tasks extension for
 //! `run_coding_task`; `notifications/tools/list_changed` and resource updates through
-//! `subscriptions/listen` (protocol 2026-07-28; older revisions have no stateless channel);
-//! and `notifications/cancelled` for running calls ([`cancel`]).
+//! `subscriptions/listen` (protocol 2026-07-28) or a session's GET stream (older revisions:
+//! [`sessions`]); and `notifications/cancelled` for running calls ([`cancel`]).
 //!
 //! [`service`] builds the [`McpService`] that [`crate::app::app`] mounts at `/mcp` and
 //! `/toolsets/{toolset}/mcp`: plain `tools/list` and `tools/call` requests are answered on
@@ -14,6 +14,7 @@
 pub mod asks;
 pub mod builtin;
 pub mod cancel;
+mod changes;
 mod convert;
 mod cursor;
 mod direct;
@@ -21,12 +22,14 @@ pub mod errors;
 mod handler;
 pub mod resources;
 mod rounds;
+pub mod sessions;
 pub mod tasks;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use bytes::Bytes;
 use http::{Request, Response};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -100,6 +103,9 @@ impl McpService {
     /// client's answer to a request the gateway asked it ([`asks`]).
     pub async fn post(&self, mut parts: http::request::Parts, body: Bytes) -> Response<Body> {
         same_origin(&mut parts.headers);
+        if let Err(refused) = self.session_of(&mut parts) {
+            return refused.into_response();
+        }
         if let Some(direct) = direct::take(&parts, &body, &self.allowed_hosts) {
             return direct.serve(&self.handler, parts, &self.stop).await;
         }
@@ -116,14 +122,93 @@ impl McpService {
         {
             cancel::on_cancelled(self.handler.state(), who, &request_id);
         }
-        self.rmcp.handle(Request::from_parts(parts, Body::from(body))).await.map(Body::new)
+        let opens_session = is_initialize(&body).then(|| parts.extensions.get::<Identity>().map(Identity::owner_key));
+        let mut response = self.rmcp.handle(Request::from_parts(parts, Body::from(body))).await.map(Body::new);
+        if let Some(Some(owner)) = opens_session
+            && response.status() == http::StatusCode::OK
+            && let Ok(id) = http::HeaderValue::from_str(&self.handler.state().sessions.open(&owner))
+        {
+            response.headers_mut().insert(sessions::HEADER, id);
+        }
+        response
     }
 
-    /// Serves any other request (GET, DELETE, ...: rmcp answers them).
-    pub async fn other(&self, mut request: Request<Body>) -> Response<Body> {
-        same_origin(request.headers_mut());
-        self.rmcp.handle(request).await.map(Body::new)
+    /// Serves any other request: a GET with a session is its stream ([`sessions`]); rmcp
+    /// answers the others (a GET without one, DELETE: 405).
+    pub async fn other(&self, request: Request<Body>) -> Response<Body> {
+        let (mut parts, body) = request.into_parts();
+        same_origin(&mut parts.headers);
+        let session = match self.session_of(&mut parts) {
+            Ok(session) => session,
+            Err(refused) => return refused.into_response(),
+        };
+        if parts.method == http::Method::GET
+            && let Some(session) = session
+            && let Some(who) = parts.extensions.get::<Identity>()
+        {
+            let state = self.handler.state();
+            if !self.allowed_hosts.allows(&parts.headers, &parts.uri) {
+                return (http::StatusCode::FORBIDDEN, "Forbidden: Host header is not allowed\n").into_response();
+            }
+            if let Some(origin) = parts.headers.get(http::header::ORIGIN)
+                && !state.settings.allowed_origins.iter().any(|o| o.as_bytes() == origin.as_bytes())
+            {
+                return (http::StatusCode::FORBIDDEN, "Forbidden: Origin is not allowed\n").into_response();
+            }
+            let accepts_sse = parts
+                .headers
+                .get_all(http::header::ACCEPT)
+                .iter()
+                .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
+            if !accepts_sse {
+                return (http::StatusCode::NOT_ACCEPTABLE, "Not Acceptable: the stream is text/event-stream\n")
+                    .into_response();
+            }
+            return sessions::stream(state, who, session);
+        }
+        self.rmcp.handle(Request::from_parts(parts, body)).await.map(Body::new)
     }
+
+    /// The session the request names (`Mcp-Session-Id`), checked to be the caller's and put in
+    /// its extensions; `None` when it names none. A session that is not the caller's is
+    /// answered 404, as an ended session is: the client then starts a new one.
+    fn session_of(&self, parts: &mut http::request::Parts) -> Result<Option<sessions::Session>, NoSuchSession> {
+        let Some(header) = parts.headers.get(sessions::HEADER) else { return Ok(None) };
+        let sessions = &self.handler.state().sessions;
+        let checked = header
+            .to_str()
+            .ok()
+            .zip(parts.extensions.get::<Identity>())
+            .and_then(|(header, who)| sessions.check(header, &who.owner_key()));
+        match checked {
+            Some(session) => {
+                parts.extensions.insert(session.clone());
+                Ok(Some(session))
+            }
+            None => Err(NoSuchSession),
+        }
+    }
+}
+
+/// A request's session is not the caller's (or not one at all): 404, as for an ended session.
+struct NoSuchSession;
+
+impl IntoResponse for NoSuchSession {
+    fn into_response(self) -> axum::response::Response {
+        (http::StatusCode::NOT_FOUND, "Not Found: no such session; start a new one with initialize\n").into_response()
+    }
+}
+
+/// True when the body is an `initialize` request.
+fn is_initialize(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Message<'a> {
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
+    }
+    const METHOD: &[u8] = b"\"initialize\"";
+    body.windows(METHOD.len()).any(|w| w == METHOD)
+        && serde_json::from_slice::<Message>(body).is_ok_and(|m| m.method.as_deref() == Some("initialize"))
 }
 
 /// Drops an `Origin` that is the gateway's own loopback origin

@@ -12,8 +12,8 @@
 //!
 //! Subscriptions: on protocol 2026-07-28 a `subscriptions/listen` stream may subscribe to
 //! these URIs and gets `notifications/resources/updated` when the task's events or result
-//! change (`watch`). Older revisions subscribe with `resources/subscribe`, which needs a
-//! session to deliver notifications on; the gateway is stateless, so it does not offer it.
+//! change ([`Watcher`]). Older revisions subscribe with `resources/subscribe` in a session,
+//! and get them on the session's GET stream ([`super::sessions`]).
 
 use std::collections::HashMap;
 use std::ops::ControlFlow;

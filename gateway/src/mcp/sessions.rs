@@ -1,0 +1,265 @@
+//! Sessions of 2025-era clients (protocol 2025-11-25 and older), kept by no replica.
+//!
+//! The `initialize` response gives an `Mcp-Session-Id`: 32 random hex digits, a dot, and an
+//! HMAC of them and the caller's owner key under a key every replica shares (derived from the
+//! runner token key). Any replica checks it without looking anything up; a request that
+//! sends one that is not the caller's (forged, another user's) gets 404, as the transport
+//! says an ended session does, and the client starts a new one.
+//!
+//! What a session gives its client:
+//!
+//! - **A GET stream** (`Accept: text/event-stream`) of the notifications a 2026-07-28 client
+//!   asks for with `subscriptions/listen` ([`super::changes`]): tool and prompt list changes,
+//!   and updates of the resources the session subscribed to. It counts as one of the user's
+//!   open streams (the same limits as `subscriptions/listen`).
+//! - **`resources/subscribe`** and **`resources/unsubscribe`** of task resources. A
+//!   subscription is stored in the caller's own storage
+//!   (`sessions/<session>/subscriptions/<URI, base64url>/on`), since the GET stream may be held
+//!   by another replica than the one the request reached; the stream reads them at once when
+//!   the request reached its own replica, and otherwise every [`SUBSCRIPTIONS_RECHECK`].
+//!
+//! A session cannot be ended: with no record of it anywhere, none could be refused later, so
+//! `DELETE` is answered 405, as the transport allows. Its subscriptions stay stored until
+//! retention deletes them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use bytes::Bytes;
+use http::{HeaderValue, StatusCode, header};
+use rmcp::ErrorData;
+use rmcp::model::ServerJsonRpcMessage;
+use tokio::sync::{Notify, mpsc};
+use toolyard_api::OwnerKey;
+use toolyard_api::token::SigningKey;
+
+use super::changes::{ChangeFeed, MAX_RESOURCE_SUBSCRIPTIONS, Wants};
+use crate::identity::Identity;
+use crate::metrics::Rejection;
+use crate::state::AppState;
+use crate::store::ArtifactStore;
+
+/// The session header.
+pub const HEADER: &str = "mcp-session-id";
+
+/// How often a session's GET stream reads its subscriptions again (those made through another
+/// replica; those made through its own are read at once).
+pub const SUBSCRIPTIONS_RECHECK: Duration = Duration::from_secs(10);
+
+/// Messages a GET stream may have queued for a slow client before it waits.
+const STREAM_QUEUE: usize = 16;
+
+/// Makes and checks session ids; wakes the GET streams held here when their session's
+/// subscriptions change.
+pub struct Sessions {
+    key: SigningKey,
+    streams: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+impl Default for Sessions {
+    /// Sessions under a key of this process only (one replica).
+    fn default() -> Self {
+        let mut bytes = [0u8; toolyard_api::token::MIN_KEY_LEN];
+        bytes[..16].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+        bytes[16..].copy_from_slice(uuid::Uuid::new_v4().as_bytes());
+        Self::new(SigningKey::from_bytes(bytes))
+    }
+}
+
+/// A session a request was checked to belong to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session(String);
+
+impl Sessions {
+    /// Sessions under `key` (shared by every replica).
+    pub fn new(key: SigningKey) -> Self {
+        Sessions { key, streams: Mutex::default() }
+    }
+
+    /// A new session id for `owner`.
+    pub fn open(&self, owner: &OwnerKey) -> String {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let proof = self.key.prove(&format!("{owner}:{id}"));
+        format!("{id}.{proof}")
+    }
+
+    /// The session `header` names, when it is one of `owner`'s.
+    pub fn check(&self, header: &str, owner: &OwnerKey) -> Option<Session> {
+        let (id, proof) = header.split_once('.')?;
+        let well_formed = id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        (well_formed && self.key.check_proof(&format!("{owner}:{id}"), proof)).then(|| Session(id.to_owned()))
+    }
+
+    /// Wakes the GET stream of `session` held here, if any.
+    fn wake(&self, session: &Session) {
+        if let Some(notify) = self.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&session.0) {
+            notify.notify_one();
+        }
+    }
+
+    fn hold(&self, session: &Session) -> Arc<Notify> {
+        let notify = Arc::new(Notify::new());
+        self.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(session.0.clone(), notify.clone());
+        notify
+    }
+
+    fn release(&self, session: &Session, notify: &Arc<Notify>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if streams.get(&session.0).is_some_and(|n| Arc::ptr_eq(n, notify)) {
+            streams.remove(&session.0);
+        }
+    }
+}
+
+fn subscriptions_folder(session: &Session) -> String {
+    format!("sessions/{}/subscriptions/", session.0)
+}
+
+fn subscription_folder(session: &Session, uri: &str) -> String {
+    format!("{}{}/", subscriptions_folder(session), B64.encode(uri))
+}
+
+/// Subscribes `session` of `owner` to `uri` (at most [`MAX_RESOURCE_SUBSCRIPTIONS`]).
+pub async fn subscribe(state: &AppState, owner: &OwnerKey, session: &Session, uri: &str) -> Result<(), ErrorData> {
+    let store = state.store.as_ref();
+    let now = subscribed(store, owner, session).await.map_err(unavailable)?;
+    if !now.iter().any(|u| u == uri) {
+        if now.len() >= MAX_RESOURCE_SUBSCRIPTIONS {
+            return Err(ErrorData::invalid_request(
+                format!("a session may subscribe to at most {MAX_RESOURCE_SUBSCRIPTIONS} resources"),
+                None,
+            ));
+        }
+        let path = format!("{}on", subscription_folder(session, uri));
+        store.put(owner, &path, Bytes::new()).await.map_err(unavailable)?;
+    }
+    state.sessions.wake(session);
+    Ok(())
+}
+
+/// Ends the subscription of `session` of `owner` to `uri` (none is no error).
+pub async fn unsubscribe(state: &AppState, owner: &OwnerKey, session: &Session, uri: &str) -> Result<(), ErrorData> {
+    state.store.delete_folder(owner, &subscription_folder(session, uri)).await.map_err(unavailable)?;
+    state.sessions.wake(session);
+    Ok(())
+}
+
+fn unavailable(e: crate::Error) -> ErrorData {
+    tracing::warn!(error = %e, "reading or writing a session's subscriptions failed");
+    ErrorData::internal_error("the session's subscriptions could not be read or changed; try again", None)
+}
+
+/// The URIs `session` of `owner` is subscribed to.
+async fn subscribed(store: &dyn ArtifactStore, owner: &OwnerKey, session: &Session) -> crate::Result<Vec<String>> {
+    let folder = subscriptions_folder(session);
+    let objects = store.list(owner, &folder).await?;
+    Ok(objects
+        .iter()
+        .filter_map(|o| o.path.strip_prefix(&folder)?.strip_suffix("/on"))
+        .filter_map(|name| String::from_utf8(B64.decode(name).ok()?).ok())
+        .take(MAX_RESOURCE_SUBSCRIPTIONS)
+        .collect())
+}
+
+/// The GET stream of `session` for `who`: its notifications as SSE, until the client goes
+/// away or the gateway stops. Refused 429 beyond the user's (or 503 beyond the replica's)
+/// open streams.
+pub fn stream(state: &AppState, who: &Identity, session: Session) -> Response {
+    let owner = who.owner_key();
+    let permit = match state.limits.try_admit_stream(owner.as_str()) {
+        Ok(permit) => permit,
+        Err(rejection) => {
+            state.metrics.admission_rejected(rejection);
+            let (status, what) = match rejection {
+                Rejection::StreamsUser => (StatusCode::TOO_MANY_REQUESTS, "too many open streams for this user"),
+                _ => (StatusCode::SERVICE_UNAVAILABLE, "too many open streams"),
+            };
+            let retry = state.limits.settings().retry_after.as_secs().max(1);
+            let mut response = (status, format!("{what}; retry later\n")).into_response();
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry));
+            return response;
+        }
+    };
+    let (out, messages) = mpsc::channel::<String>(STREAM_QUEUE);
+    let state = state.clone();
+    tokio::spawn(async move {
+        let _permit = permit;
+        let wake = state.sessions.hold(&session);
+        notify(&state, owner, &session, &wake, &out).await;
+        state.sessions.release(&session, &wake);
+    });
+    let events = futures::stream::unfold(messages, |mut messages| async move {
+        let message = messages.recv().await?;
+        Some((Ok::<_, std::convert::Infallible>(Event::default().data(message)), messages))
+    });
+    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+}
+
+/// Sends the notifications of `session` to `out` until it closes or the gateway stops.
+async fn notify(state: &AppState, owner: OwnerKey, session: &Session, wake: &Notify, out: &mpsc::Sender<String>) {
+    let read = |owner: OwnerKey| async move {
+        subscribed(state.store.as_ref(), &owner, session).await.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading a session's subscriptions failed");
+            Vec::new()
+        })
+    };
+    let mut uris = read(owner.clone()).await;
+    let mut feed = ChangeFeed::new(state, owner.clone(), Wants { tools: true, prompts: true }, &uris).await;
+    let mut reread = tokio::time::interval(SUBSCRIPTIONS_RECHECK);
+    reread.tick().await;
+    loop {
+        let next = tokio::select! {
+            () = out.closed() => return,
+            () = state.shutdown.cancelled() => return,
+            _ = reread.tick() => None,
+            () = wake.notified() => None,
+            next = feed.next(state, &uris) => Some(next),
+        };
+        let notifications = match next {
+            // The subscriptions again: a new one is watched from now on.
+            None => {
+                uris = read(owner.clone()).await;
+                feed.updates(state, &uris).await
+            }
+            Some(None) => return,
+            Some(Some(notifications)) => notifications,
+        };
+        for notification in notifications {
+            let message =
+                serde_json::to_string(&ServerJsonRpcMessage::notification(notification)).unwrap_or_else(|e| {
+                    tracing::error!(error = %e, "serializing a notification failed");
+                    String::new()
+                });
+            if out.send(message).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_id_is_its_owners_only_and_cannot_be_forged() {
+        let sessions = Sessions::default();
+        let (alice, bob) = (OwnerKey::derive("issuer", "alice"), OwnerKey::derive("issuer", "bob"));
+        let id = sessions.open(&alice);
+        let session = sessions.check(&id, &alice).expect("alice's session");
+        assert!(sessions.check(&id, &bob).is_none(), "not bob's");
+        assert!(Sessions::default().check(&id, &alice).is_none(), "not under another key");
+        let (random, proof) = id.split_once('.').unwrap();
+        let other = format!("{}{}", &random[..31], if random.ends_with('0') { '1' } else { '0' });
+        assert!(sessions.check(&format!("{other}.{proof}"), &alice).is_none(), "the proof covers the id");
+        for bad in ["", ".", "x.y", &format!("{}.{proof}", random.to_uppercase()), &format!("../{random}.{proof}")] {
+            assert!(sessions.check(bad, &alice).is_none(), "{bad}");
+        }
+        assert_eq!(subscriptions_folder(&session), format!("sessions/{random}/subscriptions/"));
+    }
+}
