@@ -20,6 +20,7 @@ use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::{Value, json};
 use toolyard_api::mcpserver::ConnectionState;
 use toolyard_gateway::serve::DataArgs;
+use toolyard_tests::legacy::LegacySession;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::repo_path;
 use toolyard_tests::upstream::{EverythingServer, UpstreamServer, free_port};
@@ -860,4 +861,67 @@ async fn modern_client<H: ClientHandler>(url: String, handler: H) -> RunningServ
         .serve_with_lifecycle(StreamableHttpClientTransport::from_config(config), lifecycle)
         .await
         .expect("MCP client connects")
+}
+
+/// A 2025-11-25 session subscribes to an upstream server's resource: the gateway subscribes to
+/// it on its own connection to the server, and the server's update reaches the session's GET
+/// stream. A resource no server serves is not found; without a session there is no stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_hears_an_upstream_servers_resource_updates() {
+    let port = free_port();
+    let _server =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    let setup = Setup::start(&[("fixtures", port)], 30).await;
+    setup.wait_listed("fixtures_update_watched_resource", true).await;
+    let session = LegacySession::open(&setup.gateway.mcp_url(), TOKEN).await;
+    let mut stream = session.stream().await;
+    let subscribe =
+        |method: &str, uri: &str| json!({"jsonrpc": "2.0", "id": 2, "method": method, "params": {"uri": uri}});
+    let uri = "test://watched-resource";
+    let subscribed = session.post(subscribe("resources/subscribe", uri)).await;
+    assert_eq!(subscribed["result"], json!({}), "{subscribed}");
+    let unknown = session.post(subscribe("resources/subscribe", "test://nothing-here")).await;
+    assert_eq!(unknown["error"]["code"], -32002, "{unknown}");
+    assert_eq!(unknown["error"]["data"]["uri"], "test://nothing-here", "{unknown}");
+    let sessionless = session.without_id().post(subscribe("resources/subscribe", uri)).await;
+    assert!(sessionless["error"]["message"].as_str().is_some_and(|m| m.contains("needs a session")), "{sessionless}");
+
+    let update = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "fixtures_update_watched_resource", "arguments": {}}});
+    // The stream takes the subscription up at once (it was made through its own replica);
+    // the update may still come before the server has it, so the tool is called until heard.
+    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let answered = session.post(update.clone()).await;
+            assert_eq!(answered["result"]["isError"], false, "{answered}");
+            if let Ok(heard) =
+                tokio::time::timeout(Duration::from_secs(2), stream.until("notifications/resources/updated")).await
+            {
+                return heard;
+            }
+        }
+    })
+    .await
+    .expect("the session's stream hears the server's update");
+    assert_eq!(heard["params"]["uri"], uri, "{heard}");
+    let unsubscribed = session.post(subscribe("resources/unsubscribe", uri)).await;
+    assert_eq!(unsubscribed["result"], json!({}), "{unsubscribed}");
+
+    // A 2026-07-28 client hears it through subscriptions/listen.
+    let mut filter = SubscriptionFilter::new();
+    filter.resource_subscriptions = Some(vec![uri.to_owned()]);
+    let mut listening = setup.client.listen(filter).await.expect("subscriptions/listen");
+    assert_eq!(listening.acknowledged().resource_subscriptions, Some(vec![uri.to_owned()]));
+    let heard = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            setup.call("fixtures_update_watched_resource", json!({})).await;
+            let next = tokio::time::timeout(Duration::from_secs(2), listening.next()).await;
+            if let Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(n)))) = next {
+                return n.params.uri;
+            }
+        }
+    })
+    .await
+    .expect("the listen stream hears the server's update");
+    assert_eq!(heard, uri);
 }

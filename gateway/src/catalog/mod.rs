@@ -224,11 +224,19 @@ pub enum ResourceError {
     Failed(String),
 }
 
-/// Answers `resources/read` for the resources of one server.
+/// Answers `resources/read` for the resources of one server, and subscribes to their updates.
 #[async_trait::async_trait]
 pub trait ResourceSource: Send + Sync + 'static {
     /// The MCP `ReadResourceResult` of `uri`, or why not.
     async fn read(&self, uri: &str) -> Result<Value, ResourceError>;
+
+    /// Subscribes to updates of `uri`, until as many [`ResourceSource::unsubscribe`] calls as
+    /// subscriptions were made; the receiver gets the URIs the server says were updated (any
+    /// of its subscribed ones). The message says why not.
+    async fn subscribe(&self, uri: &str) -> Result<tokio::sync::broadcast::Receiver<String>, String>;
+
+    /// Ends one subscription to `uri` made with [`ResourceSource::subscribe`].
+    fn unsubscribe(&self, uri: &str);
 }
 
 /// Answers `completion/complete` for the prompts and resource templates of one server.
@@ -276,6 +284,12 @@ mod tests {
         async fn read(&self, _uri: &str) -> Result<Value, ResourceError> {
             Err(ResourceError::NotFound)
         }
+
+        async fn subscribe(&self, _uri: &str) -> Result<tokio::sync::broadcast::Receiver<String>, String> {
+            Err("nowhere".into())
+        }
+
+        fn unsubscribe(&self, _uri: &str) {}
     }
 
     #[async_trait::async_trait]

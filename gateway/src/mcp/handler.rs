@@ -512,13 +512,8 @@ impl McpHandler {
         self.call_registered(request, &info).await.map(Into::into)
     }
 
-    /// The caller and session of a `resources/subscribe` (or unsubscribe) of `uri`: a task
-    /// resource URI, from a request with a session.
-    fn session_subscription<'c>(
-        &self,
-        uri: &str,
-        context: &'c RequestContext<RoleServer>,
-    ) -> Result<(&'c Identity, super::sessions::Session), ErrorData> {
+    /// The caller and the session of a request that needs one.
+    fn session_of(context: &RequestContext<RoleServer>) -> Result<(&Identity, super::sessions::Session), ErrorData> {
         let who = Self::identity(context)?;
         let session = context.extensions.get::<http::request::Parts>().and_then(|p| p.extensions.get()).cloned();
         let Some(session) = session else {
@@ -528,12 +523,29 @@ impl McpHandler {
                 None,
             ));
         };
-        if self.state.tasks.is_none() || resources::TaskResource::parse(uri).is_none() {
-            return Err(ErrorData::invalid_params(
-                format!("updates are sent for task resources ({}...) only", resources::PREFIX),
-                Some(serde_json::json!({"uri": uri})),
-            ));
+        Ok((who, session))
+    }
+
+    /// The caller and session of a `resources/subscribe` of `uri`, from a request with a
+    /// session: a task resource URI, or one an upstream server serves to the caller and takes
+    /// a subscription to (unknown and unauthorized URIs answer alike).
+    async fn session_subscription<'c>(
+        &self,
+        uri: &str,
+        context: &'c RequestContext<RoleServer>,
+    ) -> Result<(&'c Identity, super::sessions::Session), ErrorData> {
+        let (who, session) = Self::session_of(context)?;
+        if resources::TaskResource::parse(uri).is_some() && self.state.tasks.is_some() {
+            return Ok((who, session));
         }
+        // An upstream server's resource: the server must take the subscription (asked here
+        // once; the session's stream holds it on the replica it is served by).
+        let scope = RequestInfo::from_context(context).scope();
+        let Some(resource) = self.serving(who, &scope, uri).await? else {
+            return Err(resources::not_found(uri));
+        };
+        resource.source.subscribe(uri).await.map_err(|e| ErrorData::invalid_request(e, None))?;
+        resource.source.unsubscribe(uri);
         Ok((who, session))
     }
 
@@ -881,8 +893,31 @@ impl McpHandler {
         info: &RequestInfo<'_>,
         wanted: impl Fn(&ServedResource) -> bool,
     ) -> Result<Vec<Arc<ServedResource>>, ErrorData> {
-        let who = info.identity()?;
-        let scope = info.scope();
+        self.resources_for(info.identity()?, &info.scope(), wanted).await
+    }
+
+    /// The upstream resource (or template) serving `uri` that `who` may read through
+    /// `scope`: the one listing it, else the template with the longest literal prefix of it.
+    pub(super) async fn serving(
+        &self,
+        who: &Identity,
+        scope: &Scope,
+        uri: &str,
+    ) -> Result<Option<Arc<ServedResource>>, ErrorData> {
+        let visible = self.resources_for(who, scope, |r| r.matches(uri).is_some()).await?;
+        Ok(visible
+            .into_iter()
+            .filter_map(|r| r.matches(uri).map(|rank| (rank, r)))
+            .max_by_key(|(rank, _)| *rank)
+            .map(|(_, r)| r))
+    }
+
+    async fn resources_for(
+        &self,
+        who: &Identity,
+        scope: &Scope,
+        wanted: impl Fn(&ServedResource) -> bool,
+    ) -> Result<Vec<Arc<ServedResource>>, ErrorData> {
         let candidates = self
             .state
             .catalog
@@ -919,15 +954,18 @@ impl McpHandler {
         uri: &str,
         info: &RequestInfo<'_>,
     ) -> Option<Result<ReadResourceResult, ErrorData>> {
-        if uri.starts_with("toolyard://") {
+        if uri.starts_with(resources::SCHEME) {
             return None;
         }
-        let visible = match self.visible_resources(info, |r| r.matches(uri).is_some()).await {
-            Ok(v) => v,
+        let who = match info.identity() {
+            Ok(who) => who,
             Err(e) => return Some(Err(e)),
         };
-        let best = visible.iter().filter_map(|r| r.matches(uri).map(|rank| (rank, r))).max_by_key(|(rank, _)| *rank)?;
-        let answer = match best.1.source.read(uri).await {
+        let best = match self.serving(who, &info.scope(), uri).await {
+            Ok(best) => best?,
+            Err(e) => return Some(Err(e)),
+        };
+        let answer = match best.source.read(uri).await {
             Ok(value) => serde_json::from_value(value).map_err(|e| {
                 ErrorData::internal_error(
                     format!("the MCP server answered resources/read with something else: {e}"),
@@ -1034,14 +1072,15 @@ impl ServerHandler for McpHandler {
         Ok(result)
     }
 
-    /// `resources/subscribe` of a 2025-era session: updates of a task resource reach the
-    /// session's GET stream. Without a session there is no stream to send them on.
+    /// `resources/subscribe` of a 2025-era session: updates of a task resource, or of an
+    /// upstream server's resource, reach the session's GET stream. Without a session there is
+    /// no stream to send them on.
     async fn subscribe(
         &self,
         request: rmcp::model::SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let result = match self.session_subscription(&request.uri, &context) {
+        let result = match self.session_subscription(&request.uri, &context).await {
             Ok((who, session)) => {
                 super::sessions::subscribe(&self.state, &who.owner_key(), &session, &request.uri).await
             }
@@ -1056,7 +1095,7 @@ impl ServerHandler for McpHandler {
         request: rmcp::model::UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let result = match self.session_subscription(&request.uri, &context) {
+        let result = match Self::session_of(&context) {
             Ok((who, session)) => {
                 super::sessions::unsubscribe(&self.state, &who.owner_key(), &session, &request.uri).await
             }
@@ -1283,17 +1322,22 @@ impl ServerHandler for McpHandler {
         let mut accepted = SubscriptionFilter::new();
         accepted.tools_list_changed = requested.tools_list_changed.filter(|on| *on);
         accepted.prompts_list_changed = requested.prompts_list_changed.filter(|on| *on);
-        if self.state.tasks.is_some() {
-            let uris: Vec<String> = requested
-                .resource_subscriptions
-                .iter()
-                .flatten()
-                .filter(|uri| resources::TaskResource::parse(uri).is_some())
-                .take(MAX_RESOURCE_SUBSCRIPTIONS)
-                .cloned()
-                .collect();
-            accepted.resource_subscriptions = (!uris.is_empty()).then_some(uris);
-        }
+        // Task resources (when tasks are served), and any other URI: an upstream server's
+        // resource is watched once the stream found it served to the caller, so an unknown
+        // URI and one the caller may not read are accepted alike, and never updated.
+        let tasks = self.state.tasks.is_some();
+        let uris: Vec<String> = requested
+            .resource_subscriptions
+            .iter()
+            .flatten()
+            .filter(|uri| match resources::TaskResource::parse(uri) {
+                Some(_) => tasks,
+                None => !uri.starts_with(resources::SCHEME) && has_scheme(uri),
+            })
+            .take(MAX_RESOURCE_SUBSCRIPTIONS)
+            .cloned()
+            .collect();
+        accepted.resource_subscriptions = (!uris.is_empty()).then_some(uris);
         Some(accepted)
     }
 
@@ -1319,12 +1363,13 @@ impl ServerHandler for McpHandler {
             prompts: accepted.prompts_list_changed == Some(true),
         };
         let uris = accepted.resource_subscriptions.clone().unwrap_or_default();
-        let mut feed = ChangeFeed::new(&self.state, who.owner_key(), wants, &uris).await;
+        let scope = RequestInfo::from_context(context.request_context()).scope();
+        let mut feed = ChangeFeed::new(self, who, scope, wants, &uris).await;
         loop {
             let next = tokio::select! {
                 () = context.cancelled() => return Ok(()),
                 () = self.state.shutdown.cancelled() => return Ok(()),
-                next = feed.next(&self.state, &uris) => next,
+                next = feed.next(&uris) => next,
             };
             let Some(notifications) = next else { return Ok(()) };
             for notification in notifications {
@@ -1334,6 +1379,14 @@ impl ServerHandler for McpHandler {
             }
         }
     }
+}
+
+/// True when `uri` starts with a URI scheme (`scheme:`).
+fn has_scheme(uri: &str) -> bool {
+    uri.split_once(':').is_some_and(|(scheme, _)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    })
 }
 
 #[cfg(test)]
@@ -1353,6 +1406,16 @@ mod tests {
 
     fn names<'a>(entries: impl Iterator<Item = Entry<'a>>) -> Vec<String> {
         entries.map(|e| e.name().to_owned()).collect()
+    }
+
+    #[test]
+    fn only_uris_with_a_scheme_are_watched() {
+        for uri in ["test://watched-resource", "quotes://ACME/last", "urn:isbn:0451450523", "a+b.c-d:x"] {
+            assert!(has_scheme(uri), "{uri}");
+        }
+        for uri in ["", "no-scheme", ":x", "1a://x", "a b://x", "/abs/path"] {
+            assert!(!has_scheme(uri), "{uri}");
+        }
     }
 
     #[test]

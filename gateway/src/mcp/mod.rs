@@ -164,7 +164,8 @@ impl McpService {
                 return (http::StatusCode::NOT_ACCEPTABLE, "Not Acceptable: the stream is text/event-stream\n")
                     .into_response();
             }
-            return sessions::stream(state, who, session);
+            let scope = parts.extensions.get::<Scope>().cloned().unwrap_or(Scope::All);
+            return sessions::stream(&self.handler, who, scope, session);
         }
         self.rmcp.handle(Request::from_parts(parts, body)).await.map(Body::new)
     }

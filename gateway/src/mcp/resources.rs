@@ -35,6 +35,8 @@ use crate::tasks::{Position, Subset};
 
 /// URI scheme and prefix of task resources.
 pub const PREFIX: &str = "toolyard://tasks/";
+/// The gateway's own URI scheme (task and call resources).
+pub const SCHEME: &str = "toolyard://";
 /// Largest file served as a resource (larger ones: `read_artifact` in chunks).
 pub const MAX_RESOURCE_BYTES: u64 = 4 * 1024 * 1024;
 /// Resources per `resources/list` page.

@@ -12,8 +12,9 @@
 //!   asks for with `subscriptions/listen` ([`super::changes`]): tool and prompt list changes,
 //!   and updates of the resources the session subscribed to. It counts as one of the user's
 //!   open streams (the same limits as `subscriptions/listen`).
-//! - **`resources/subscribe`** and **`resources/unsubscribe`** of task resources. A
-//!   subscription is stored in the caller's own storage
+//! - **`resources/subscribe`** and **`resources/unsubscribe`** of task resources and of
+//!   upstream servers' resources ([`super::changes`]). A subscription is stored in the
+//!   caller's own storage
 //!   (`sessions/<session>/subscriptions/<URI, base64url>/on`), since the GET stream may be held
 //!   by another replica than the one the request reached; the stream reads them at once when
 //!   the request reached its own replica, and otherwise every [`SUBSCRIPTIONS_RECHECK`].
@@ -38,7 +39,9 @@ use tokio::sync::{Notify, mpsc};
 use toolyard_api::OwnerKey;
 use toolyard_api::token::SigningKey;
 
+use super::Scope;
 use super::changes::{ChangeFeed, MAX_RESOURCE_SUBSCRIPTIONS, Wants};
+use super::handler::McpHandler;
 use crate::identity::Identity;
 use crate::metrics::Rejection;
 use crate::state::AppState;
@@ -169,7 +172,8 @@ async fn subscribed(store: &dyn ArtifactStore, owner: &OwnerKey, session: &Sessi
 /// The GET stream of `session` for `who`: its notifications as SSE, until the client goes
 /// away or the gateway stops. Refused 429 beyond the user's (or 503 beyond the replica's)
 /// open streams.
-pub fn stream(state: &AppState, who: &Identity, session: Session) -> Response {
+pub fn stream(handler: &McpHandler, who: &Identity, scope: Scope, session: Session) -> Response {
+    let state = handler.state();
     let owner = who.owner_key();
     let permit = match state.limits.try_admit_stream(owner.as_str()) {
         Ok(permit) => permit,
@@ -186,12 +190,13 @@ pub fn stream(state: &AppState, who: &Identity, session: Session) -> Response {
         }
     };
     let (out, messages) = mpsc::channel::<String>(STREAM_QUEUE);
-    let state = state.clone();
+    let (handler, who) = (handler.clone(), who.clone());
     tokio::spawn(async move {
         let _permit = permit;
-        let wake = state.sessions.hold(&session);
-        notify(&state, owner, &session, &wake, &out).await;
-        state.sessions.release(&session, &wake);
+        let sessions = &handler.state().sessions;
+        let wake = sessions.hold(&session);
+        notify(&handler, &who, scope, &session, &wake, &out).await;
+        sessions.release(&session, &wake);
     });
     let events = futures::stream::unfold(messages, |mut messages| async move {
         let message = messages.recv().await?;
@@ -201,7 +206,16 @@ pub fn stream(state: &AppState, who: &Identity, session: Session) -> Response {
 }
 
 /// Sends the notifications of `session` to `out` until it closes or the gateway stops.
-async fn notify(state: &AppState, owner: OwnerKey, session: &Session, wake: &Notify, out: &mpsc::Sender<String>) {
+async fn notify(
+    handler: &McpHandler,
+    who: &Identity,
+    scope: Scope,
+    session: &Session,
+    wake: &Notify,
+    out: &mpsc::Sender<String>,
+) {
+    let state = handler.state();
+    let owner = who.owner_key();
     let read = |owner: OwnerKey| async move {
         subscribed(state.store.as_ref(), &owner, session).await.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading a session's subscriptions failed");
@@ -209,7 +223,7 @@ async fn notify(state: &AppState, owner: OwnerKey, session: &Session, wake: &Not
         })
     };
     let mut uris = read(owner.clone()).await;
-    let mut feed = ChangeFeed::new(state, owner.clone(), Wants { tools: true, prompts: true }, &uris).await;
+    let mut feed = ChangeFeed::new(handler, who, scope, Wants { tools: true, prompts: true }, &uris).await;
     let mut reread = tokio::time::interval(SUBSCRIPTIONS_RECHECK);
     reread.tick().await;
     loop {
@@ -218,13 +232,13 @@ async fn notify(state: &AppState, owner: OwnerKey, session: &Session, wake: &Not
             () = state.shutdown.cancelled() => return,
             _ = reread.tick() => None,
             () = wake.notified() => None,
-            next = feed.next(state, &uris) => Some(next),
+            next = feed.next(&uris) => Some(next),
         };
         let notifications = match next {
             // The subscriptions again: a new one is watched from now on.
             None => {
                 uris = read(owner.clone()).await;
-                feed.updates(state, &uris).await
+                feed.updates(&uris).await
             }
             Some(None) => return,
             Some(Some(notifications)) => notifications,

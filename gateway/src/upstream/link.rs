@@ -83,6 +83,7 @@ struct Listener {
     info: ClientConfig,
     progress: Arc<ProgressRoutes>,
     list_changed: Arc<Notify>,
+    updates: tokio::sync::broadcast::Sender<String>,
 }
 
 /// Where each running call's progress goes, by progress token. The server may report before
@@ -178,6 +179,15 @@ impl ClientHandler for Listener {
 
     async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
         self.list_changed.notify_one();
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: rmcp::model::ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        // Nobody listening is no error.
+        let _ = self.updates.send(params.uri);
     }
 }
 
@@ -327,6 +337,7 @@ impl Connection {
             ),
             progress: link.progress.clone(),
             list_changed: link.list_changed.clone(),
+            updates: link.updates.clone(),
         };
         let started = Instant::now();
         let (handshake, process) = match endpoint {
@@ -416,6 +427,10 @@ pub struct Link {
     pub broken: Notify,
     /// Where calls' files go (none: not stored).
     records: Option<Arc<CallRecords>>,
+    /// The URIs the server says were updated (`notifications/resources/updated`).
+    updates: tokio::sync::broadcast::Sender<String>,
+    /// The resources subscribed to on the server, each with how many watch it here.
+    subscribed: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -436,7 +451,39 @@ impl Link {
             progress: Arc::default(),
             list_changed: Arc::default(),
             broken: Notify::new(),
+            updates: tokio::sync::broadcast::channel(RESOURCE_UPDATES).0,
+            subscribed: Mutex::default(),
         }
+    }
+
+    /// Subscribes the server (a new connection) to every resource watched here.
+    pub async fn resubscribe(&self) {
+        let uris: Vec<String> = self.subscribed.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        for uri in uris {
+            if let Err(e) = self.subscribe_on_server(&uri).await {
+                tracing::warn!(server = %self.server, error = %e, "subscribing again to a resource failed");
+            }
+        }
+    }
+
+    // The connection is a 2025-era session: `resources/subscribe` is how it subscribes.
+    #[allow(deprecated)]
+    async fn subscribe_on_server(&self, uri: &str) -> Result<(), String> {
+        let params = rmcp::model::SubscribeRequestParams::new(uri.to_owned());
+        let server = self.server.clone();
+        self.ask("resources/subscribe", |peer| async move {
+            if peer
+                .peer_info()
+                .is_none_or(|i| i.capabilities.resources.as_ref().and_then(|r| r.subscribe) != Some(true))
+            {
+                let refusal = format!("the MCP server {server} offers no resource subscriptions");
+                return Err(rmcp::ServiceError::McpError(ErrorData::invalid_params(refusal, None)));
+            }
+            peer.subscribe(params).await.map(|()| Value::Null)
+        })
+        .await
+        .map(drop)
+        .map_err(String::from)
     }
 
     /// Calls go to `peer` from now on (`None`: the server is not connected).
@@ -603,6 +650,10 @@ impl PromptSource for Link {
     }
 }
 
+/// Resource updates of one server that may wait for a slow watcher (one that falls further
+/// behind is told every resource it watches may have changed).
+const RESOURCE_UPDATES: usize = 64;
+
 /// Why [`Link::ask`] got no answer.
 enum Unanswered {
     /// The server answered with an error.
@@ -676,6 +727,41 @@ impl ResourceSource for Link {
             }
             Err(other) => Err(ResourceError::Failed(other.into())),
         }
+    }
+
+    /// The server is asked (`resources/subscribe`) only by the first watcher of `uri` here.
+    async fn subscribe(&self, uri: &str) -> Result<tokio::sync::broadcast::Receiver<String>, String> {
+        let updates = self.updates.subscribe();
+        let first = {
+            let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
+            let count = subscribed.entry(uri.to_owned()).or_default();
+            *count += 1;
+            *count == 1
+        };
+        if first && let Err(e) = self.subscribe_on_server(uri).await {
+            self.unsubscribe(uri);
+            return Err(e);
+        }
+        Ok(updates)
+    }
+
+    /// The server is told (`resources/unsubscribe`, in a task of its own) when the last
+    /// watcher of `uri` here stops.
+    #[allow(deprecated)]
+    fn unsubscribe(&self, uri: &str) {
+        let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(count) = subscribed.get_mut(uri) else { return };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        subscribed.remove(uri);
+        let Some(peer) = self.current() else { return };
+        let params = rmcp::model::UnsubscribeRequestParams::new(uri.to_owned());
+        let timeout = self.timeout;
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(timeout, peer.unsubscribe(params)).await;
+        });
     }
 }
 

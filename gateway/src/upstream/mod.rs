@@ -673,6 +673,7 @@ impl ServerTask {
             Err(e) => return e,
         };
         self.link.set_peer(Some(connection.peer()));
+        self.link.resubscribe().await;
         self.upstreams.update(key, &self.link, Some(listed), |s| {
             s.state = ConnectionState::Connected;
             s.last_error = None;
