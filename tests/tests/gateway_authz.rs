@@ -207,11 +207,11 @@ async fn declared_prompts_are_listed_and_got_by_whoever_may_call_them() {
     assert_eq!(completion.completion.values, ["MSFT", "MSTR"]);
 
     // The watch follows deletions; a 2026-07-28 client subscribed to prompt changes is told
-    // (a 2025-11-25 client has no stream to be told on, and is not offered it).
+    // (a 2025-11-25 client is offered them too, on its session's GET stream).
     assert_eq!(
         bob.peer_info().and_then(|i| i.capabilities.prompts.as_ref().map(|p| p.list_changed)),
-        Some(None),
-        "2025-11-25: no prompts listChanged"
+        Some(Some(true)),
+        "2025-11-25: prompts listChanged"
     );
     let modern = gw.modern_client(User::Bob).await;
     assert_eq!(
