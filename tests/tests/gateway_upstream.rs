@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use toolyard_api::McpServer;
 use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection, ConnectionState};
 use toolyard_tests::local::TempDir;
-use toolyard_tests::upstream::{UpstreamServer, free_port};
+use toolyard_tests::upstream::{ServerProcess, UpstreamServer, free_port};
 use toolyard_tests::{TestEnv, User, wait_until};
 
 const CREDENTIAL: &str = "upstream-s3cret-0001";
@@ -240,31 +240,7 @@ async fn post(url: &str, user: User, body: &Value) -> reqwest::Response {
 /// answer to the same id is never taken, and the stored answer is deleted once read.
 #[tokio::test]
 async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_another() {
-    let env = TestEnv::get();
-    env.install_crds().await.expect("CRDs");
-    let ns = env.namespace("gwask").await.expect("namespace");
-    grant_platform(&ns).await;
-    apply_role(
-        &ns,
-        "fixture-callers",
-        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["fixtures"])],
-        vec![user_subject("alice"), user_subject("bob")],
-    )
-    .await;
-    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("fixtures")).await;
-    let port = free_port();
-    let _upstream =
-        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
-    create_server(&ns, "fixtures", port, false).await;
-    let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
-    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
-    for gw in [&a, &b] {
-        wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
-            Ok(listed(&gw.client(User::Alice).await).await.contains(&"fixtures_test_elicitation".to_owned()))
-        })
-        .await
-        .expect("served");
-    }
+    let (_upstream, a, b) = fixtures_at_two_replicas("gwask").await;
 
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {"name": "fixtures_test_elicitation", "arguments": {"message": "Who are you?"}}});
@@ -309,31 +285,7 @@ async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_an
 /// and nothing of the held call stays stored once it ended.
 #[tokio::test]
 async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
-    let env = TestEnv::get();
-    env.install_crds().await.expect("CRDs");
-    let ns = env.namespace("gwround").await.expect("namespace");
-    grant_platform(&ns).await;
-    apply_role(
-        &ns,
-        "fixture-callers",
-        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["fixtures"])],
-        vec![user_subject("alice"), user_subject("bob")],
-    )
-    .await;
-    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("fixtures")).await;
-    let port = free_port();
-    let _upstream =
-        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
-    create_server(&ns, "fixtures", port, false).await;
-    let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
-    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
-    for gw in [&a, &b] {
-        wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
-            Ok(listed(&gw.client(User::Alice).await).await.contains(&"fixtures_test_elicitation".to_owned()))
-        })
-        .await
-        .expect("served");
-    }
+    let (_upstream, a, b) = fixtures_at_two_replicas("gwround").await;
     /// A 2026-07-28 client of `user` at `gw` that can be asked to elicit.
     async fn modern(gw: &Gateway, user: User) -> rmcp::service::RunningService<rmcp::RoleClient, ClientConfig> {
         let mut capabilities = rmcp::model::ClientCapabilities::default();
@@ -374,4 +326,35 @@ async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
     let stored = a.store.list(&alice, "asks/").await.expect("listing");
     assert!(stored.is_empty(), "nothing of the held call stays: {stored:?}");
     assert!(a.store.get(&alice, &held).await.expect("reading").is_none());
+}
+
+/// The conformance fixture server as the McpServer `fixtures` (callable by alice and bob) in a
+/// new namespace named from `prefix`, served by two gateway replicas that both list its tools.
+async fn fixtures_at_two_replicas(prefix: &str) -> (ServerProcess, Gateway, Gateway) {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace(prefix).await.expect("namespace");
+    grant_platform(&ns).await;
+    apply_role(
+        &ns,
+        "fixture-callers",
+        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["fixtures"])],
+        vec![user_subject("alice"), user_subject("bob")],
+    )
+    .await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("fixtures")).await;
+    let port = free_port();
+    let upstream =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    create_server(&ns, "fixtures", port, false).await;
+    let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    for gw in [&a, &b] {
+        wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
+            Ok(listed(&gw.client(User::Alice).await).await.contains(&"fixtures_test_elicitation".to_owned()))
+        })
+        .await
+        .expect("served");
+    }
+    (upstream, a, b)
 }

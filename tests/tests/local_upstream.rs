@@ -23,7 +23,7 @@ use toolyard_gateway::serve::DataArgs;
 use toolyard_tests::legacy::LegacySession;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::repo_path;
-use toolyard_tests::upstream::{EverythingServer, UpstreamServer, free_port};
+use toolyard_tests::upstream::{EverythingServer, ServerProcess, UpstreamServer, free_port};
 
 const TOKEN: &str = "ty_local-upstream-test-token-01";
 
@@ -252,14 +252,7 @@ async fn an_upstream_servers_tools_are_served_prefixed_with_their_answers_unchan
     }
     assert!(setup.counts.progress.load(Ordering::SeqCst) >= 2, "the server's progress reaches the caller");
     handle.cancel(Some("test".into())).await.expect("cancel sent");
-    let marker = markers.path().join("cancelled");
-    for _ in 0..100 {
-        if marker.exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(marker.exists(), "the caller's cancellation reaches the server");
+    assert!(cancelled(&markers).await, "the caller's cancellation reaches the server");
 
     // A tool the server adds is served once it says its list changed, and clients are told.
     let before = setup.counts.list_changed.load(Ordering::SeqCst);
@@ -656,6 +649,24 @@ async fn servers_toolyard_runs_are_started_over_stdio_and_http_and_restarted_whe
     );
 }
 
+impl Setup {
+    /// The local mode on two servers that ask their callers: the conformance fixture
+    /// (`fixtures`: sampling, elicitation) and the market-data server (`market-data`:
+    /// `ask_flood`), with the servers (stopped when dropped) and the latter's markers folder.
+    async fn asking() -> (Self, [ServerProcess; 2], TempDir) {
+        let port = free_port();
+        let fixtures =
+            UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+        let markers = TempDir::new("upstream-markers");
+        let flooding_port = free_port();
+        let flooding = UpstreamServer::start(flooding_port, markers.path());
+        let setup = Setup::start(&[("fixtures", port), ("market-data", flooding_port)], 30).await;
+        setup.wait_listed("fixtures_test_sampling", true).await;
+        setup.wait_listed("market_data_ask_flood", true).await;
+        (setup, [fixtures, flooding], markers)
+    }
+}
+
 /// A 2025-11-25 client that answers an upstream server's sampling and elicitation requests,
 /// keeping what it was asked.
 #[derive(Clone, Default)]
@@ -712,15 +723,7 @@ impl ClientHandler for Answering {
 /// with requests has those beyond four at once refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the_server() {
-    let port = free_port();
-    let _server =
-        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
-    let markers = TempDir::new("upstream-markers");
-    let flooding_port = free_port();
-    let _flooding = UpstreamServer::start(flooding_port, markers.path());
-    let setup = Setup::start(&[("fixtures", port), ("market-data", flooding_port)], 30).await;
-    setup.wait_listed("fixtures_test_sampling", true).await;
-    setup.wait_listed("market_data_ask_flood", true).await;
+    let (setup, _servers, _markers) = Setup::asking().await;
     let connect = |handler| local_support::legacy_client(setup.gateway.mcp_url(), TOKEN, handler);
     let answering = Answering::default();
     let client = connect(answering.clone()).await;
@@ -769,15 +772,7 @@ async fn an_upstream_servers_requests_reach_the_caller_and_its_answers_reach_the
 /// was held for. rmcp's client drives the rounds itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_2026_caller_answers_an_upstream_servers_requests_in_rounds() {
-    let port = free_port();
-    let _server =
-        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
-    let markers = TempDir::new("upstream-markers");
-    let flooding_port = free_port();
-    let _flooding = UpstreamServer::start(flooding_port, markers.path());
-    let setup = Setup::start(&[("fixtures", port), ("market-data", flooding_port)], 30).await;
-    setup.wait_listed("fixtures_test_sampling", true).await;
-    setup.wait_listed("market_data_ask_flood", true).await;
+    let (setup, _servers, markers) = Setup::asking().await;
     let call = |tool: &str, arguments: Value| {
         CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments.as_object().expect("object").clone())
     };
@@ -843,14 +838,19 @@ async fn a_2026_caller_answers_an_upstream_servers_requests_in_rounds() {
     // The answer reaches the server before the cancellation does.
     tokio::time::sleep(Duration::from_secs(1)).await;
     handle.cancel(Some("test".into())).await.expect("cancel sent");
+    assert!(cancelled(&markers).await, "the cancellation of a later round reaches the server");
+}
+
+/// Whether the market-data server writes its `cancelled` marker in `markers` (within 10 s).
+async fn cancelled(markers: &TempDir) -> bool {
     let marker = markers.path().join("cancelled");
     for _ in 0..100 {
         if marker.exists() {
-            break;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(marker.exists(), "the cancellation of a later round reaches the server");
+    marker.exists()
 }
 
 /// A 2026-07-28 client with `handler`, at the MCP URL `url`.
