@@ -885,6 +885,9 @@ async fn a_session_hears_an_upstream_servers_resource_updates() {
     assert_eq!(unknown["error"]["data"]["uri"], "test://nothing-here", "{unknown}");
     let sessionless = session.without_id().post(subscribe("resources/subscribe", uri)).await;
     assert!(sessionless["error"]["message"].as_str().is_some_and(|m| m.contains("needs a session")), "{sessionless}");
+    let long = format!("test://template/{}/data", "x".repeat(600));
+    let refused = session.post(subscribe("resources/subscribe", &long)).await;
+    assert!(refused["error"]["message"].as_str().is_some_and(|m| m.contains("at most 512 bytes")), "{refused}");
 
     let update = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "fixtures_update_watched_resource", "arguments": {}}});

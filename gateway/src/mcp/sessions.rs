@@ -127,8 +127,15 @@ fn subscription_folder(session: &Session, uri: &str) -> String {
     format!("{}{}/", subscriptions_folder(session), B64.encode(uri))
 }
 
-/// Subscribes `session` of `owner` to `uri` (at most [`MAX_RESOURCE_SUBSCRIPTIONS`]).
+/// Longest URI a session may subscribe to (it is stored in a storage path).
+pub const MAX_URI_BYTES: usize = 512;
+
+/// Subscribes `session` of `owner` to `uri` (at most [`MAX_RESOURCE_SUBSCRIPTIONS`], each at
+/// most [`MAX_URI_BYTES`] long).
 pub async fn subscribe(state: &AppState, owner: &OwnerKey, session: &Session, uri: &str) -> Result<(), ErrorData> {
+    if uri.len() > MAX_URI_BYTES {
+        return Err(ErrorData::invalid_params(format!("a subscribed URI has at most {MAX_URI_BYTES} bytes"), None));
+    }
     let store = state.store.as_ref();
     let now = subscribed(store, owner, session).await.map_err(unavailable)?;
     if !now.iter().any(|u| u == uri) {

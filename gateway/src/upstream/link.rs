@@ -461,14 +461,14 @@ impl Link {
         let uris: Vec<String> = self.subscribed.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
         for uri in uris {
             if let Err(e) = self.subscribe_on_server(&uri).await {
-                tracing::warn!(server = %self.server, error = %e, "subscribing again to a resource failed");
+                tracing::warn!(server = %self.server, error = %String::from(e), "subscribing again to a resource failed");
             }
         }
     }
 
     // The connection is a 2025-era session: `resources/subscribe` is how it subscribes.
     #[allow(deprecated)]
-    async fn subscribe_on_server(&self, uri: &str) -> Result<(), String> {
+    async fn subscribe_on_server(&self, uri: &str) -> Result<(), Unanswered> {
         let params = rmcp::model::SubscribeRequestParams::new(uri.to_owned());
         let server = self.server.clone();
         self.ask("resources/subscribe", |peer| async move {
@@ -483,7 +483,6 @@ impl Link {
         })
         .await
         .map(drop)
-        .map_err(String::from)
     }
 
     /// Calls go to `peer` from now on (`None`: the server is not connected).
@@ -729,7 +728,8 @@ impl ResourceSource for Link {
         }
     }
 
-    /// The server is asked (`resources/subscribe`) only by the first watcher of `uri` here.
+    /// The server is asked (`resources/subscribe`) only by the first watcher of `uri` here;
+    /// one that cannot be asked now (not connected, no answer) is asked again once connected.
     async fn subscribe(&self, uri: &str) -> Result<tokio::sync::broadcast::Receiver<String>, String> {
         let updates = self.updates.subscribe();
         let first = {
@@ -738,9 +738,17 @@ impl ResourceSource for Link {
             *count += 1;
             *count == 1
         };
-        if first && let Err(e) = self.subscribe_on_server(uri).await {
-            self.unsubscribe(uri);
-            return Err(e);
+        if first {
+            match self.subscribe_on_server(uri).await {
+                Ok(()) => {}
+                Err(Unanswered::Refused(_, message)) => {
+                    self.unsubscribe(uri);
+                    return Err(message);
+                }
+                Err(Unanswered::Failed(message)) => {
+                    tracing::info!(server = %self.server, error = %message, "a resource is subscribed to once the server answers");
+                }
+            }
         }
         Ok(updates)
     }
@@ -756,10 +764,11 @@ impl ResourceSource for Link {
             return;
         }
         subscribed.remove(uri);
-        let Some(peer) = self.current() else { return };
+        // A watcher dropped while the runtime shuts down has nobody to tell.
+        let (Some(peer), Ok(runtime)) = (self.current(), tokio::runtime::Handle::try_current()) else { return };
         let params = rmcp::model::UnsubscribeRequestParams::new(uri.to_owned());
         let timeout = self.timeout;
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             let _ = tokio::time::timeout(timeout, peer.unsubscribe(params)).await;
         });
     }
