@@ -27,9 +27,10 @@ pub struct LimitSettings {
     pub max_http_in_flight: usize,
     /// HTTP requests of one user handled at once (answered 429 beyond).
     pub max_http_in_flight_per_user: usize,
-    /// `subscriptions/listen` streams open at once on this replica.
+    /// Notification streams (`subscriptions/listen`, a session's GET) open at once on this
+    /// replica.
     pub max_streams: usize,
-    /// `subscriptions/listen` streams one user holds open at once on this replica.
+    /// Notification streams one user holds open at once on this replica.
     pub max_streams_per_user: usize,
     /// Largest request body in bytes (answered 413 beyond).
     pub max_body_bytes: usize,

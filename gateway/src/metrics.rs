@@ -105,9 +105,9 @@ pub enum Rejection {
     HttpGlobal,
     /// Concurrent HTTP requests of one user.
     HttpUser,
-    /// Open `subscriptions/listen` streams on this replica.
+    /// Open notification streams (`subscriptions/listen`, a session's GET) on this replica.
     StreamsGlobal,
-    /// Open `subscriptions/listen` streams of one user.
+    /// Open notification streams of one user.
     StreamsUser,
     /// Request body above the cap.
     BodyTooLarge,

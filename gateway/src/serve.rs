@@ -194,10 +194,12 @@ pub struct LimitArgs {
     /// HTTP requests of one user handled at once (429 beyond).
     #[arg(long, env = "TOOLYARD_MAX_HTTP_IN_FLIGHT_PER_USER", default_value_t = 64)]
     pub max_http_in_flight_per_user: usize,
-    /// `subscriptions/listen` streams open at once (a busy error beyond).
+    /// Notification streams (`subscriptions/listen`, a session's GET) open at once (a busy
+    /// error beyond).
     #[arg(long, env = "TOOLYARD_MAX_STREAMS", default_value_t = 4096)]
     pub max_streams: usize,
-    /// `subscriptions/listen` streams one user holds open at once (a busy error beyond).
+    /// Notification streams (`subscriptions/listen`, a session's GET) one user holds open at
+    /// once (a busy error beyond).
     #[arg(long, env = "TOOLYARD_MAX_STREAMS_PER_USER", default_value_t = 16)]
     pub max_streams_per_user: usize,
     /// Largest request body in bytes (413 beyond).

@@ -393,6 +393,11 @@ async fn open_listen_streams_are_limited_per_user_and_a_closed_one_frees_its_slo
         metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"streams_user\"} 1"),
         "the refusal is counted: {metrics}"
     );
+    // A 2025-era session's GET stream is held to the same limit.
+    let session = LegacySession::open(&gw.mcp_url(), TestEnv::get().token(User::Alice)).await;
+    let get = session.get().await;
+    assert_eq!(get.status(), 429);
+    assert!(get.headers().contains_key("retry-after"));
 
     // Another user is not held back, and the open streams still hear changes.
     let bob = gw.modern_client(User::Bob).await;
