@@ -677,6 +677,8 @@ struct Answering {
     /// Elicitations being answered now, and the most at once.
     answering: Arc<AtomicUsize>,
     most: Arc<AtomicUsize>,
+    /// The data of the log messages heard.
+    logs: Arc<std::sync::Mutex<Vec<Value>>>,
 }
 
 impl ClientHandler for Answering {
@@ -712,6 +714,15 @@ impl ClientHandler for Answering {
         self.answering.fetch_sub(1, Ordering::SeqCst);
         Ok(rmcp::model::ElicitResult::new(rmcp::model::ElicitationAction::Accept)
             .with_content(json!({"username": "ada", "email": "ada@example.com"})))
+    }
+
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.logs.lock().expect("lock").push(params.data);
     }
 }
 
@@ -835,8 +846,16 @@ async fn a_2026_caller_answers_an_upstream_servers_requests_in_rounds() {
         )
         .await
         .expect("sent");
-    // The answer reaches the server before the cancellation does.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The call's log message after the answer reaches this round's request (the call is held
+    // on this replica); then the cancellation reaches the server.
+    let logged = || answering.logs.lock().expect("lock").contains(&json!("asked 1"));
+    for _ in 0..100 {
+        if logged() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(logged(), "the later round hears the call's log message");
     handle.cancel(Some("test".into())).await.expect("cancel sent");
     assert!(cancelled(&markers).await, "the cancellation of a later round reaches the server");
 }

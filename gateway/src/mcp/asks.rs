@@ -52,7 +52,14 @@ pub struct Asks {
     waiting: Mutex<HashMap<String, Waiter>>,
     /// The calls held here between a 2026-07-28 caller's rounds ([`super::rounds`]), by held
     /// id: whose, and how to stop each.
-    held: Mutex<HashMap<String, (OwnerKey, CancellationToken)>>,
+    held: Mutex<HashMap<String, HeldCall>>,
+}
+
+/// A call held here: whose, how to stop it, where its messages go.
+struct HeldCall {
+    owner: OwnerKey,
+    stop: CancellationToken,
+    sinks: Arc<super::rounds::RoundSinks>,
 }
 
 struct Waiter {
@@ -119,9 +126,16 @@ impl Asks {
         Waiting { asks: self, id, owner, answered }
     }
 
-    /// Records the call held here under `id` for `owner`, stopped by `stop`.
-    pub(super) fn hold(&self, id: String, owner: OwnerKey, stop: CancellationToken) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(id, (owner, stop));
+    /// Records the call held here under `id` for `owner`, stopped by `stop`, its messages
+    /// going to `sinks`.
+    pub(super) fn hold(
+        &self,
+        id: String,
+        owner: OwnerKey,
+        stop: CancellationToken,
+        sinks: Arc<super::rounds::RoundSinks>,
+    ) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(id, HeldCall { owner, stop, sinks });
     }
 
     /// Forgets the held call `id` (it ended).
@@ -129,10 +143,15 @@ impl Asks {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
     }
 
-    /// How to stop `owner`'s call held here under `id`, if it is held here.
-    pub(super) fn held_stop(&self, id: &str, owner: &OwnerKey) -> Option<CancellationToken> {
+    /// How to stop `owner`'s call held here under `id`, and where its messages go, if it is
+    /// held here.
+    pub(super) fn held_here(
+        &self,
+        id: &str,
+        owner: &OwnerKey,
+    ) -> Option<(CancellationToken, Arc<super::rounds::RoundSinks>)> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.get(id).filter(|(o, _)| o == owner).map(|(_, stop)| stop.clone())
+        held.get(id).filter(|h| &h.owner == owner).map(|h| (h.stop.clone(), h.sinks.clone()))
     }
 
     /// Hands `answer` to the request `id` waiting here for `owner`'s answer; gives it back

@@ -490,7 +490,15 @@ impl McpHandler {
                 let responses = request.input_responses.take();
                 return self
                     .rounds(&owner)
-                    .later_round(self.state.calls.quota(), &state, responses, &info.request_id, &info.cancel)
+                    .later_round(
+                        self.state.calls.quota(),
+                        &state,
+                        responses,
+                        &info.request_id,
+                        &info.cancel,
+                        info.progress.clone(),
+                        info.logs.clone(),
+                    )
                     .await;
             }
             let upstream =
@@ -577,11 +585,12 @@ impl McpHandler {
             parent_task: None,
             cancel: holding.stop.clone(),
             cancel_key: None,
-            progress: info.progress.clone(),
-            logs: info.logs.clone(),
+            progress: Some(holding.sinks.clone()),
+            logs: Some(holding.sinks.clone()),
             asker: Some(asker),
             task: None,
         };
+        holding.sinks.set(info.progress.clone(), info.logs.clone());
         // A `notifications/cancelled` for this request stops the call while it answers it.
         let cancel_key = cancel::cancel_key(&owner, &info.request_id);
         let _registration = self.state.cancels.register(cancel_key, info.cancel.clone());

@@ -25,7 +25,9 @@
 //! caller that never retries leaves its stored event behind until retention deletes it. The
 //! requests reach only a caller that declared the capability they need (`sampling`,
 //! `elicitation`); the server is told at once that any other caller cannot be asked.
-//! Progress and log messages of a held call reach the first request only.
+//! Progress and log messages of a held call reach the request of the round being answered
+//! when the replica holding the call serves it; between rounds, and while another replica
+//! serves one, they are dropped.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -43,8 +45,8 @@ use toolyard_api::OwnerKey;
 
 use super::asks::{self, Asks, Undelivered};
 use super::cancel::{CancelRegistry, cancel_key};
-use crate::core::ClientAsker;
 use crate::core::quota::StorageQuota;
+use crate::core::{ClientAsker, LogSink, ProgressSink};
 use crate::store::ArtifactStore;
 
 /// How a held call's ids begin.
@@ -154,6 +156,55 @@ pub(super) struct Holding {
     sender: mpsc::Sender<Message>,
     /// Stops the held call.
     pub stop: CancellationToken,
+    /// Where the held call's progress and log messages go: the round being answered.
+    pub sinks: Arc<RoundSinks>,
+}
+
+/// The progress and log messages of a held call, passed to the request of the round being
+/// answered on the replica holding the call (dropped between rounds, and while a round is
+/// answered by another replica).
+#[derive(Default)]
+pub(super) struct RoundSinks {
+    current: std::sync::Mutex<Sinks>,
+}
+
+#[derive(Default)]
+struct Sinks {
+    progress: Option<Arc<dyn ProgressSink>>,
+    logs: Option<Arc<dyn LogSink>>,
+}
+
+impl RoundSinks {
+    /// From now on the messages go to these sinks (`None`: nowhere).
+    pub fn set(&self, progress: Option<Arc<dyn ProgressSink>>, logs: Option<Arc<dyn LogSink>>) {
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Sinks { progress, logs };
+    }
+
+    fn progress(&self) -> Option<Arc<dyn ProgressSink>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).progress.clone()
+    }
+
+    fn logs(&self) -> Option<Arc<dyn LogSink>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner()).logs.clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl ProgressSink for RoundSinks {
+    async fn report(&self, progress: &toolyard_api::protocol::Progress) {
+        if let Some(sink) = self.progress() {
+            sink.report(progress).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl LogSink for RoundSinks {
+    async fn log(&self, message: crate::upstream::logs::LogMessage) {
+        if let Some(sink) = self.logs() {
+            sink.log(message).await;
+        }
+    }
 }
 
 /// A call to hold for `owner`, a 2026-07-28 caller with `capabilities`: the asker to run it
@@ -166,7 +217,9 @@ pub(super) fn hold(
 ) -> (Arc<dyn ClientAsker>, Holding) {
     let (sender, queue) = mpsc::channel(crate::upstream::logs::MAX_ASKS_AT_ONCE + 1);
     let asker = RoundAsker { asks, store, owner, capabilities, events: sender.clone() };
-    (Arc::new(asker), Holding { events: Events { queue, next: None }, sender, stop: CancellationToken::new() })
+    let holding =
+        Holding { events: Events { queue, next: None }, sender, stop: CancellationToken::new(), sinks: Arc::default() };
+    (Arc::new(asker), holding)
 }
 
 /// The record of a held call in its caller's storage.
@@ -220,7 +273,7 @@ impl Rounds<'_> {
         cancel: &CancellationToken,
         timeout: Duration,
     ) -> Result<CallToolResponse, ErrorData> {
-        let Holding { mut events, sender, stop } = holding;
+        let Holding { mut events, sender, stop, sinks } = holding;
         let stop_unless_held = stop.clone().drop_guard();
         tokio::spawn(async move {
             let result = call.await;
@@ -247,7 +300,8 @@ impl Rounds<'_> {
             ));
         }
         stop_unless_held.disarm();
-        self.asks.hold(held.clone(), self.owner.clone(), stop);
+        sinks.set(None, None);
+        self.asks.hold(held.clone(), self.owner.clone(), stop, sinks);
         let (asks, store, owner) = (self.asks.clone(), self.store.clone(), self.owner.clone());
         tokio::spawn(pass_events_on(asks, store, owner, held.clone(), events));
         Ok(input_required(requests, &held, 1))
@@ -256,7 +310,9 @@ impl Rounds<'_> {
     /// A retry with `request_state` and `responses` (request `request_id`): passes the answers
     /// on, then answers with the held call's next event. `cancel` (the request's) ends the
     /// wait; it, or a `notifications/cancelled` for the request, also stops the call when the
-    /// call is held on this replica (as any call is cancelled only where it runs).
+    /// call is held on this replica (as any call is cancelled only where it runs). The call's
+    /// progress and log messages meanwhile go to `progress` and `logs` when it is held here.
+    #[allow(clippy::too_many_arguments)]
     pub async fn later_round(
         &self,
         quota: &StorageQuota,
@@ -264,6 +320,8 @@ impl Rounds<'_> {
         responses: Option<InputResponses>,
         request_id: &Value,
         cancel: &CancellationToken,
+        progress: Option<Arc<dyn ProgressSink>>,
+        logs: Option<Arc<dyn LogSink>>,
     ) -> Result<CallToolResponse, ErrorData> {
         let unknown = || {
             ErrorData::invalid_params(
@@ -289,8 +347,13 @@ impl Rounds<'_> {
         }
         // A call held here stops with this request: a `notifications/cancelled` for it, or its
         // end (how a 2026-07-28 client cancels).
-        let stop = self.asks.held_stop(held, self.owner);
+        let here = self.asks.held_here(held, self.owner);
+        let stop = here.as_ref().map(|(stop, _)| stop.clone());
         let _registration = stop.clone().map(|stop| self.cancels.register(cancel_key(self.owner, request_id), stop));
+        let _sinks = here.map(|(_, sinks)| {
+            sinks.set(progress, logs);
+            SinksReset(sinks)
+        });
         // Registered before the answers go on, so that an event they cause at once finds it.
         let waiting = self.asks.wait(event_id(held, n), self.owner.clone());
         for (key, answer) in responses {
@@ -331,6 +394,15 @@ impl Rounds<'_> {
                 })
             }
         }
+    }
+}
+
+/// Sends a held call's messages nowhere again when the round ends.
+struct SinksReset(Arc<RoundSinks>);
+
+impl Drop for SinksReset {
+    fn drop(&mut self) {
+        self.0.set(None, None);
     }
 }
 
