@@ -58,6 +58,13 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Tool {
+    /// The hard limit of one call (`spec.execution.timeoutSeconds`, within 1 s and
+    /// [`toolyard_api::mcptool::MAX_TOOL_TIMEOUT_SECONDS`], as the schema requires).
+    pub fn timeout(&self) -> std::time::Duration {
+        let seconds = self.spec.execution.timeout_seconds.clamp(1, toolyard_api::mcptool::MAX_TOOL_TIMEOUT_SECONDS);
+        std::time::Duration::from_secs(u64::try_from(seconds).unwrap_or(60))
+    }
+
     /// Builds a tool, compiling its input schema. Errors name what is wrong with the schema.
     pub fn new(namespace: String, object_name: String, generation: i64, spec: McpToolSpec) -> Result<Self, String> {
         let validator = compile_schema(&Value::Object(spec.input_schema.clone()))?;

@@ -203,8 +203,7 @@ impl LocalExecutor {
         }
         let owner = request.caller.owner_key();
         let id = request.id.as_str();
-        let timeout =
-            Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
+        let timeout = request.tool.timeout();
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
         // The function's reports go to the waiting caller as they come, and into the call's log.
         let progress = ProgressLog::new(request.progress.clone());
@@ -257,8 +256,7 @@ impl LocalExecutor {
         };
         let owner = request.caller.owner_key();
         let id = request.id.clone();
-        let timeout =
-            Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds.max(1)).unwrap_or(60));
+        let timeout = request.tool.timeout();
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
         events::store_start(self.store.as_ref(), &owner, &request, Bytes::from(input)).await?;
 

@@ -278,7 +278,7 @@ pub async fn run_pool_call(
 ) -> Result<CallResult> {
     let owner = request.caller.owner_key();
     let id = request.id.as_str();
-    let timeout = Duration::from_secs(u64::try_from(request.tool.spec.execution.timeout_seconds).unwrap_or(60).max(1));
+    let timeout = request.tool.timeout();
     let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
 
     let exp = jiff_now() + i64::try_from((timeout + target.grace).as_secs()).unwrap_or(i64::MAX / 2) + 60;

@@ -154,6 +154,29 @@ impl Asks {
         held.get(id).filter(|h| &h.owner == owner).map(|h| (h.stop.clone(), h.sinks.clone()))
     }
 
+    /// Asks `owner` a request under a new ask id: `send` gives it to the caller (`false`: it
+    /// could not), then the answer is waited for until `closed` (the way to the caller is gone).
+    pub(super) async fn ask(
+        &self,
+        store: &dyn ArtifactStore,
+        owner: &OwnerKey,
+        send: impl AsyncFnOnce(String) -> bool,
+        closed: impl Future<Output = ()>,
+    ) -> Answer {
+        let gone = || ErrorData::internal_error("the caller's request ended before the caller answered", None);
+        let id = new_ask_id();
+        let waiting = self.wait(id.clone(), owner.clone());
+        if !send(id).await {
+            return Err(gone());
+        }
+        waiting
+            .answer(store, async {
+                closed.await;
+                gone()
+            })
+            .await
+    }
+
     /// Hands `answer` to the request `id` waiting here for `owner`'s answer; gives it back
     /// when there is none.
     fn hand_over(&self, id: &str, owner: &OwnerKey, answer: Answer) -> Option<Answer> {
@@ -172,7 +195,7 @@ impl Asks {
 }
 
 /// A new id to ask a request with ([`ASK_ID_PREFIX`] and 32 random hex digits).
-pub(super) fn new_ask_id() -> String {
+fn new_ask_id() -> String {
     format!("{ASK_ID_PREFIX}{}", uuid::Uuid::new_v4().simple())
 }
 
@@ -302,19 +325,11 @@ pub(super) struct StreamAsker {
 #[async_trait::async_trait]
 impl ClientAsker for StreamAsker {
     async fn ask(&self, method: &str, params: Value) -> Result<Value, ErrorData> {
-        let gone = || ErrorData::internal_error("the caller's request ended before the caller answered", None);
-        let id = new_ask_id();
-        let waiting = self.asks.wait(id.clone(), self.owner.clone());
-        let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        if self.out.send(request.to_string()).await.is_err() {
-            return Err(gone());
-        }
-        waiting
-            .answer(self.store.as_ref(), async {
-                self.out.closed().await;
-                gone()
-            })
-            .await
+        let send = async |id: String| {
+            let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            self.out.send(request.to_string()).await.is_ok()
+        };
+        self.asks.ask(self.store.as_ref(), &self.owner, send, self.out.closed()).await
     }
 }
 

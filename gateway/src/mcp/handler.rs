@@ -484,36 +484,29 @@ impl McpHandler {
         if scope == Scope::Search {
             return Err(errors::unknown_tool(&request.name));
         }
-        if context.protocol_version() == Some(ProtocolVersion::V_2026_07_28) {
-            if let Some(state) = request.request_state.take() {
-                let owner = who.owner_key();
-                let responses = request.input_responses.take();
-                return self
-                    .rounds(&owner)
-                    .later_round(
-                        self.state.calls.quota(),
-                        &state,
-                        responses,
-                        &info.request_id,
-                        &info.cancel,
-                        info.progress.clone(),
-                        info.logs.clone(),
-                    )
-                    .await;
-            }
-            let upstream =
-                self.state.catalog.get(&request.name).filter(|t| t.upstream.is_some() && scope.selection().contains(t));
-            if let Some(tool) = upstream {
-                let timeout = u64::try_from(tool.spec.execution.timeout_seconds.clamp(1, 3600)).unwrap_or(60);
-                let capabilities = context.client_capabilities().unwrap_or_default();
-                return self.call_in_rounds(request, &info, capabilities, Duration::from_secs(timeout)).await;
-            }
+        let modern = context.protocol_version() == Some(ProtocolVersion::V_2026_07_28);
+        if modern && let Some(state) = request.request_state.take() {
+            let owner = who.owner_key();
+            let responses = request.input_responses.take();
+            return self
+                .rounds(&owner)
+                .later_round(
+                    self.state.calls.quota(),
+                    &state,
+                    responses,
+                    &info.request_id,
+                    &info.cancel,
+                    info.progress.clone(),
+                    info.logs.clone(),
+                )
+                .await;
         }
-        let job = self
-            .state
-            .catalog
-            .get(&request.name)
-            .is_some_and(|t| t.spec.execution.mode == ExecutionMode::Job && scope.selection().contains(&t));
+        let tool = self.state.catalog.get(&request.name).filter(|t| scope.selection().contains(t));
+        if modern && let Some(tool) = tool.as_ref().filter(|t| t.upstream.is_some()) {
+            let capabilities = context.client_capabilities().unwrap_or_default();
+            return self.call_in_rounds(request, &info, capabilities, tool.timeout()).await;
+        }
+        let job = tool.is_some_and(|t| t.spec.execution.mode == ExecutionMode::Job);
         if job && context.client_capabilities().is_some_and(|c| c.supports_tasks()) {
             return self.call_as_task(request, &info).await;
         }

@@ -135,18 +135,8 @@ impl ClientAsker for RoundAsker {
             .map_err(|e| {
                 ErrorData::invalid_params(format!("the {method} request is not one a caller can be asked: {e}"), None)
             })?;
-        let id = asks::new_ask_id();
-        let waiting = self.asks.wait(id.clone(), self.owner.clone());
-        let gone = || ErrorData::internal_error("the caller's request ended before the caller answered", None);
-        if self.events.send(Message::Ask(id, Box::new(request))).await.is_err() {
-            return Err(gone());
-        }
-        waiting
-            .answer(self.store.as_ref(), async {
-                self.events.closed().await;
-                gone()
-            })
-            .await
+        let send = async |id: String| self.events.send(Message::Ask(id, Box::new(request))).await.is_ok();
+        self.asks.ask(self.store.as_ref(), &self.owner, send, self.events.closed()).await
     }
 }
 
