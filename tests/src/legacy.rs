@@ -79,7 +79,7 @@ impl LegacySession {
         let response = self.get().await;
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()["content-type"], "text/event-stream");
-        SseReader { response, buffer: String::new() }
+        SseReader::new(response)
     }
 }
 
@@ -90,15 +90,28 @@ pub struct SseReader {
 }
 
 impl SseReader {
+    /// The messages of `response`, an SSE stream.
+    pub fn new(response: reqwest::Response) -> Self {
+        SseReader { response, buffer: String::new() }
+    }
+
     /// The next message with `method`.
     pub async fn until(&mut self, method: &str) -> Value {
+        loop {
+            let message = self.next().await;
+            if message["method"] == method {
+                return message;
+            }
+        }
+    }
+
+    /// The next JSON message (events without one, as keep-alive comments, are skipped).
+    pub async fn next(&mut self) -> Value {
         loop {
             while let Some(end) = self.buffer.find("\n\n") {
                 let event: String = self.buffer.drain(..end + 2).collect();
                 let data: String = event.lines().filter_map(|l| l.strip_prefix("data:")).map(str::trim).collect();
-                if let Ok(message) = serde_json::from_str::<Value>(&data)
-                    && message["method"] == method
-                {
+                if let Ok(message) = serde_json::from_str::<Value>(&data) {
                     return message;
                 }
             }

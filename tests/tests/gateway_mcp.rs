@@ -362,8 +362,9 @@ async fn a_2025_session_opened_at_one_replica_streams_changes_from_another() {
     assert_eq!(note["jsonrpc"], "2.0", "{note}");
 }
 
-/// The error a refused `subscriptions/listen` ends with: rmcp acknowledges a subscription
-/// before the server's handler runs, so a refusal is the request's answer right after it.
+/// The error a refused `subscriptions/listen` ends with: the request's answer (the gateway
+/// refuses it before acknowledging anything), or, for a listen served through rmcp, which
+/// acknowledges a subscription before the server's handler runs, the answer right after it.
 async fn refused_listen(client: &rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>) -> String {
     let filter = SubscriptionFilter::builder().tools_list_changed().build();
     let outcome = match client.listen(filter).await {
@@ -428,6 +429,82 @@ async fn open_listen_streams_are_limited_per_user_and_a_closed_one_frees_its_slo
     }
     alice.cancel().await.ok();
     bob.cancel().await.ok();
+}
+
+/// Sends a raw 2026-07-28 `subscriptions/listen` for tool list changes and the resource
+/// `uri`, with `accept` as its Accept header.
+async fn send_listen(gw: &Gateway, accept: &str, uri: &str) -> reqwest::Response {
+    let body = json!({"jsonrpc": "2.0", "id": "watch-1", "method": "subscriptions/listen", "params": {
+    "notifications": {"toolsListChanged": true, "promptsListChanged": false, "resourceSubscriptions": [uri, "no-scheme"]},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+    }}});
+    reqwest::Client::new()
+        .post(gw.mcp_url())
+        .bearer_auth(TestEnv::get().token(User::Alice))
+        .header("accept", accept)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "subscriptions/listen")
+        .json(&body)
+        .send()
+        .await
+        .expect("listen")
+}
+
+/// [`send_listen`]'s stream.
+async fn raw_listen(gw: &Gateway, accept: &str, uri: &str) -> toolyard_tests::legacy::SseReader {
+    let response = send_listen(gw, accept, uri).await;
+    assert_eq!(response.status(), 200, "{accept}");
+    assert_eq!(response.headers()["content-type"], "text/event-stream", "{accept}");
+    assert_eq!(response.headers()["x-accel-buffering"], "no", "{accept}");
+    toolyard_tests::legacy::SseReader::new(response)
+}
+
+/// A plain `subscriptions/listen` is served by the gateway's direct path, without rmcp's
+/// per-request service (which costs an open stream some 45 KB of channels). One rmcp would
+/// read differently (an Accept with a quality weight) still goes through rmcp: both streams
+/// must say the same, message for message. A listen past the limits is refused before anything
+/// is acknowledged (rmcp acknowledges first, then ends it with the error).
+#[tokio::test]
+async fn a_listen_is_answered_alike_on_the_direct_path_and_through_rmcp() {
+    let ns = setup("gwlisten", &[("first", "first", 60)]).await;
+    let mut options = Options::default();
+    options.settings.limits.max_streams_per_user = 2;
+    let gw = Gateway::start(std::slice::from_ref(&ns), options).await;
+    let uri = "toolyard://tasks/task-000000000000/result";
+    let mut direct = raw_listen(&gw, "application/json, text/event-stream", uri).await;
+    let mut rmcp = raw_listen(&gw, "application/json, text/event-stream;q=1", uri).await;
+    let acknowledged = direct.next().await;
+    assert_eq!(acknowledged["method"], "notifications/subscriptions/acknowledged", "{acknowledged}");
+    assert_eq!(acknowledged["params"]["notifications"]["toolsListChanged"], true, "{acknowledged}");
+    assert_eq!(acknowledged["params"]["notifications"]["resourceSubscriptions"], json!([uri]), "{acknowledged}");
+    assert_eq!(acknowledged["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "watch-1");
+    assert_eq!(rmcp.next().await, acknowledged, "rmcp acknowledges the same");
+
+    let refused = send_listen(&gw, "application/json, text/event-stream", uri).await;
+    assert_eq!(refused.headers()["content-type"], "application/json");
+    let refused: Value = refused.json().await.expect("a JSON-RPC error");
+    assert_eq!(refused["id"], "watch-1", "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("too many open subscriptions/listen streams for this user"), "{refused}");
+
+    create_tool(&ns, "second", spec("second", 60), true).await;
+    let changed = tokio::time::timeout(Duration::from_secs(20), direct.next()).await.expect("notified in time");
+    assert_eq!(changed["method"], "notifications/tools/list_changed", "{changed}");
+    assert_eq!(changed["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "watch-1", "{changed}");
+    let through_rmcp = tokio::time::timeout(Duration::from_secs(20), rmcp.next()).await.expect("notified in time");
+    assert_eq!(through_rmcp, changed, "rmcp notifies the same");
+
+    // The gateway stops: each stream ends with the listen request's result.
+    gw.tokens.trigger.cancel();
+    let end = tokio::time::timeout(Duration::from_secs(20), direct.next()).await.expect("ended in time");
+    assert_eq!(end["id"], "watch-1", "{end}");
+    assert_eq!(end["result"]["resultType"], "complete", "{end}");
+    assert_eq!(end["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"], "watch-1", "{end}");
+    let through_rmcp = tokio::time::timeout(Duration::from_secs(20), rmcp.next()).await.expect("ended in time");
+    assert_eq!(through_rmcp, end, "rmcp ends the same");
 }
 
 #[tokio::test]

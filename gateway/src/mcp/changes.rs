@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::{Stream, StreamExt};
 use rmcp::model::{
     PromptListChangedNotification, ResourceUpdatedNotification, ResourceUpdatedNotificationParam, ServerNotification,
     ToolListChangedNotification,
@@ -150,6 +151,18 @@ impl ChangeFeed {
         }
         out.extend(self.updates(uris).await);
         Some(out)
+    }
+
+    /// The notifications for `uris` as they come, until the catalog is gone or the gateway
+    /// stops.
+    pub fn into_stream(self, uris: Vec<String>) -> impl Stream<Item = ServerNotification> + Send + 'static {
+        let shutdown = self.handler.state().shutdown.clone();
+        futures::stream::unfold((self, uris), |(mut feed, uris)| async move {
+            let batch = feed.next(&uris).await?;
+            Some((futures::stream::iter(batch), (feed, uris)))
+        })
+        .flatten()
+        .take_until(shutdown.cancelled_owned())
     }
 
     /// The updates of the task resources among `uris` since the last look (a resource watched

@@ -38,18 +38,19 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use http::header::{ACCEPT, CONTENT_TYPE, ORIGIN};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use rmcp::ErrorData;
+use rmcp::ServerHandler;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, GetMeta, JsonRpcRequest, ListToolsRequest,
-    PaginatedRequestParams, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage, ServerResult,
+    NotificationMetaObject, PaginatedRequestParams, ProtocolVersion, RequestId, RequestMetaObject,
+    ServerJsonRpcMessage, ServerNotification, ServerResult, SubscriptionFilter, SubscriptionsAcknowledgedNotification,
+    SubscriptionsAcknowledgedNotificationParams, SubscriptionsListenRequest, SubscriptionsListenResult,
     Tool as McpTool,
 };
 use serde::Serialize;
@@ -64,11 +65,18 @@ use crate::hosts::AllowedHosts;
 use crate::identity::Identity;
 
 use super::asks::StreamAsker;
-use super::handler::{ClientLogs, ClientOut, ClientProgress, Entry, McpHandler, RequestInfo, builtin_of};
-use super::{Scope, convert};
+use super::changes::ChangeFeed;
+use super::handler::{
+    ClientLogs, ClientOut, ClientProgress, Entry, McpHandler, RequestInfo, SUPPORTED_PROTOCOL_VERSIONS, builtin_of,
+    watched,
+};
+use super::{Scope, convert, errors};
 
 /// The header that names the protocol revision a request speaks.
 const MCP_PROTOCOL_VERSION: &str = "mcp-protocol-version";
+
+/// The header that names a 2026-07-28 request's method.
+const MCP_METHOD: &str = "mcp-method";
 
 /// A request the direct path serves.
 pub(super) enum Direct {
@@ -76,21 +84,26 @@ pub(super) enum Direct {
     List { id: RequestId, params: Option<PaginatedRequestParams> },
     /// `tools/call` of a registered tool.
     Call { id: RequestId, params: CallToolRequestParams, meta: RequestMetaObject },
+    /// `subscriptions/listen` (2026-07-28).
+    Listen { id: RequestId, requested: SubscriptionFilter },
 }
 
 /// `Some` when the direct path serves this request (see the module docs); `None` sends it to
-/// rmcp. `allowed_hosts` is the setting rmcp enforces; `is_upstream` tells an upstream
-/// server's tool by its name.
+/// rmcp. `allowed_hosts` is the setting rmcp enforces.
 pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &AllowedHosts) -> Option<Direct> {
     let headers = &parts.headers;
     if !accepts_json_and_sse(headers)
         || !super::declares_json(headers)
         || headers.contains_key(ORIGIN)
         || !allowed_hosts.allows(&parts.headers, &parts.uri)
-        || !is_legacy_version(headers)
     {
         return None;
     }
+    if is_legacy_version(headers) { take_list_or_call(parts, body) } else { take_listen(headers, body) }
+}
+
+/// A plain `tools/list` or `tools/call` of a 2025-era client.
+fn take_list_or_call(parts: &http::request::Parts, body: &[u8]) -> Option<Direct> {
     let request = parse_request(body)?;
     let meta = request.request.get_meta().clone();
     if meta.protocol_version().is_some() {
@@ -110,6 +123,39 @@ pub(super) fn take(parts: &http::request::Parts, body: &[u8], allowed_hosts: &Al
         }
         _ => None,
     }
+}
+
+/// A `subscriptions/listen` that names its revision as rmcp requires it to: one
+/// `MCP-Protocol-Version` of 2026-07-28 or later that the gateway speaks, the same in the
+/// request's `_meta` with the client's capabilities, and one `Mcp-Method` naming the method.
+fn take_listen(headers: &HeaderMap, body: &[u8]) -> Option<Direct> {
+    let version = single(headers, MCP_PROTOCOL_VERSION)?;
+    let speaks = SUPPORTED_PROTOCOL_VERSIONS
+        .iter()
+        .any(|v| v.as_str() == version && version >= ProtocolVersion::V_2026_07_28.as_str());
+    if !speaks || single(headers, MCP_METHOD)? != "subscriptions/listen" {
+        return None;
+    }
+    let request = parse_request(body)?;
+    let meta = request.request.get_meta();
+    if meta.protocol_version().is_none_or(|v| v.as_str() != version)
+        || !meta.missing_required_keys(&ProtocolVersion::V_2026_07_28).is_empty()
+    {
+        return None;
+    }
+    match request.request {
+        ClientRequest::SubscriptionsListenRequest(listen) => {
+            Some(Direct::Listen { id: request.id, requested: listen.params.notifications })
+        }
+        _ => None,
+    }
+}
+
+/// The one value of header `name`, as text.
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    values.next().is_none().then(|| value.to_str().ok()).flatten()
 }
 
 /// The body as the `tools/list` or `tools/call` request rmcp reads from it, or `None` for
@@ -136,6 +182,10 @@ fn parse_request(body: &[u8]) -> Option<JsonRpcRequest<ClientRequest>> {
         "tools/call" => {
             let call = serde_json::from_slice::<JsonRpcRequest<CallToolRequest>>(body).ok()?;
             (call.id, ClientRequest::from(call.request))
+        }
+        "subscriptions/listen" => {
+            let listen = serde_json::from_slice::<JsonRpcRequest<SubscriptionsListenRequest>>(body).ok()?;
+            (listen.id, ClientRequest::from(listen.request))
         }
         _ => return None,
     };
@@ -220,6 +270,7 @@ impl Direct {
                 }
             }
             Direct::Call { id, params, meta } => call(handler, parts, id, params, meta, stop).await,
+            Direct::Listen { id, requested } => listen(handler, &parts, id, &requested).await,
         }
     }
 }
@@ -281,15 +332,62 @@ async fn call(
         }
     };
     let stream = ClientStream { run: Some(run), messages, id, answer: None };
-    let events = futures::stream::once(std::future::ready(first))
+    let messages = futures::stream::once(std::future::ready(first))
         .chain(futures::stream::unfold(stream, ClientStream::next))
-        .map(|data| Ok::<_, std::convert::Infallible>(Event::default().data(data)))
         .take_until(stop.clone().cancelled_owned());
-    Sse::new(events).keep_alive(KeepAlive::new().interval(SSE_KEEP_ALIVE)).into_response()
+    super::sse_response(messages)
 }
 
-/// How often an idle SSE answer carries a comment (rmcp's setting for its streams).
-const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Serves a `subscriptions/listen` as rmcp's service does, without the service: an SSE stream
+/// of the acknowledgment of what was accepted, then the notifications, each naming the
+/// subscription (the request's id), and the final result when the gateway stops. A stream
+/// past the limits, and an unauthenticated one, is answered with the error alone, before
+/// anything is acknowledged.
+async fn listen(
+    handler: &McpHandler,
+    parts: &http::request::Parts,
+    id: RequestId,
+    requested: &SubscriptionFilter,
+) -> Response {
+    let opened = parts
+        .extensions
+        .get::<Identity>()
+        .ok_or_else(errors::unauthenticated)
+        .and_then(|who| Ok((who, handler.admit_stream(who)?)));
+    let (who, permit) = match opened {
+        Ok(opened) => opened,
+        Err(error) => return respond(Err(error), id),
+    };
+    let accepted = handler.subscription_filter(requested);
+    let (wants, uris) = watched(&accepted);
+    let scope = parts.extensions.get::<Scope>().cloned().unwrap_or(Scope::All);
+    let feed = ChangeFeed::new(handler, who, scope, wants, &uris).await;
+    let mut acknowledgment =
+        SubscriptionsAcknowledgedNotification::new(SubscriptionsAcknowledgedNotificationParams::new(accepted));
+    let mut meta = NotificationMetaObject::new();
+    meta.set_subscription_id(id.clone());
+    acknowledgment.extensions.insert(meta);
+    let acknowledgment = ServerNotification::SubscriptionsAcknowledgedNotification(acknowledgment);
+    let subscription = id.clone();
+    let notifications = feed.into_stream(uris).map(move |mut notification| {
+        notification.get_meta_mut().set_subscription_id(subscription.clone());
+        ServerJsonRpcMessage::notification(notification)
+    });
+    let mut end = SubscriptionsListenResult::complete(id.clone());
+    end.meta.set_server_info(handler.get_info().server_info);
+    let end = ServerJsonRpcMessage::response(ServerResult::SubscriptionsListenResult(end), id);
+    let messages = futures::stream::once(std::future::ready(ServerJsonRpcMessage::notification(acknowledgment)))
+        .chain(notifications)
+        .chain(futures::stream::once(std::future::ready(end)))
+        .map(move |message| {
+            let _open = &permit;
+            serde_json::to_string(&message).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "serializing a notification failed");
+                String::new()
+            })
+        });
+    super::sse_response(messages)
+}
 
 /// A call's result, or an error for a call that panicked in the gateway.
 fn call_answer(result: std::thread::Result<Result<CallToolResult, ErrorData>>) -> Result<ServerResult, ErrorData> {
@@ -641,6 +739,67 @@ mod tests {
         assert!(take(&plain, LIST.as_bytes(), &pinned).is_none(), "an allowed host with a port pins the port");
     }
 
+    /// A 2026-07-28 `subscriptions/listen` as rmcp's client sends it, with `meta` as its `_meta`.
+    fn listen_body(meta: Value) -> String {
+        json!({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen",
+            "params": {"notifications": {"toolsListChanged": true}, "_meta": meta}})
+        .to_string()
+    }
+
+    fn modern_meta() -> Value {
+        json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}})
+    }
+
+    const MODERN: [(&str, &str); 2] = [("mcp-protocol-version", "2026-07-28"), ("mcp-method", "subscriptions/listen")];
+
+    #[test]
+    fn a_listen_naming_its_revision_takes_the_direct_path() {
+        let body = listen_body(modern_meta());
+        match take(&parts(&MODERN, Scope::All), body.as_bytes(), &hosts()) {
+            Some(Direct::Listen { id, requested }) => {
+                assert_eq!(id, RequestId::Number(9));
+                assert_eq!(requested.tools_list_changed, Some(true));
+            }
+            _ => panic!("not taken: {body}"),
+        }
+    }
+
+    #[test]
+    fn a_listen_rmcp_would_refuse_or_read_otherwise_is_left_to_it() {
+        let body = listen_body(modern_meta());
+        // Headers: a missing, wrong or second Mcp-Method; another revision; no revision.
+        for headers in [
+            vec![("mcp-protocol-version", "2026-07-28")],
+            vec![("mcp-protocol-version", "2026-07-28"), ("mcp-method", "tools/list")],
+            vec![("mcp-protocol-version", "2025-11-25"), ("mcp-method", "subscriptions/listen")],
+            vec![("mcp-protocol-version", "2099-01-01"), ("mcp-method", "subscriptions/listen")],
+            vec![("mcp-method", "subscriptions/listen")],
+            vec![MODERN[0], MODERN[1], ("origin", "http://127.0.0.1:8080")],
+        ] {
+            assert!(take(&parts(&headers, Scope::All), body.as_bytes(), &hosts()).is_none(), "{headers:?}");
+        }
+        let mut twice = parts(&MODERN, Scope::All);
+        twice.headers.append("mcp-method", HeaderValue::from_static("subscriptions/listen"));
+        assert!(take(&twice, body.as_bytes(), &hosts()).is_none(), "two Mcp-Method headers");
+        // The body's _meta: without the revision or the capabilities, or with another revision.
+        for meta in [
+            json!({"io.modelcontextprotocol/clientCapabilities": {}}),
+            json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28"}),
+            json!({"io.modelcontextprotocol/protocolVersion": "2025-11-25",
+                "io.modelcontextprotocol/clientCapabilities": {}}),
+        ] {
+            let body = listen_body(meta);
+            assert!(take(&parts(&MODERN, Scope::All), body.as_bytes(), &hosts()).is_none(), "{body}");
+        }
+        // Any other 2026-07-28 request.
+        let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": modern_meta()}});
+        let list_headers = [MODERN[0], ("mcp-method", "tools/list")];
+        assert!(take(&parts(&list_headers, Scope::All), list.to_string().as_bytes(), &hosts()).is_none());
+        // A listen of a 2025-era client (rmcp refuses it: not found).
+        assert!(take(&parts(&[], Scope::All), body.as_bytes(), &hosts()).is_none());
+    }
+
     /// rmcp's own reading of a body, for comparison.
     fn rmcp_reads(body: &str) -> Option<JsonRpcRequest<ClientRequest>> {
         match serde_json::from_str::<rmcp::model::ClientJsonRpcMessage>(body) {
@@ -659,6 +818,8 @@ mod tests {
             r#"{"method":"tools/list","extra":[1,{"id":2,"result":3}],"id":4,"jsonrpc":"2.0"}"#,
             r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"t","arguments":{"x":[1.5,"\u00e9"]}}}"#,
             r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"t","_meta":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}}}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true,"resourceSubscriptions":["a://b"]},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#,
+            r#"{"jsonrpc":"2.0","id":8,"method":"subscriptions/listen","params":{"notifications":{}}}"#,
         ];
         for body in taken {
             let ours = parse_request(body.as_bytes()).unwrap_or_else(|| panic!("not taken: {body}"));
@@ -684,6 +845,8 @@ mod tests {
             r#"{"jsonrpc":"1.0","id":1,"method":"tools/list"}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":"oops"}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":7}}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
             r#"{"jsonrpc":"2.0","id":1,"method":7}"#,
             r#"[{"jsonrpc":"2.0","id":1,"method":"tools/list"}]"#,

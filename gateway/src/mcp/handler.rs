@@ -36,6 +36,7 @@ use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ClientAsker, LogSink, ProgressSink, TaskStart};
 use crate::executor::CallState;
 use crate::identity::Identity;
+use crate::limits::StreamPermit;
 use crate::metrics::{CallOutcome, Rejection};
 use crate::state::AppState;
 use crate::upstream::logs::{LogMessage, severity, severity_of};
@@ -145,8 +146,7 @@ pub(super) struct RequestInfo<'a> {
     /// carried a progress token.
     pub progress: Option<Arc<dyn ProgressSink>>,
     /// Where an upstream server's log messages during the call go: the client's
-    /// `notifications/message`, on the request's SSE stream (`None` on the direct path, which
-    /// serves no upstream server's tool).
+    /// `notifications/message`, on the request's SSE stream.
     pub logs: Option<Arc<dyn LogSink>>,
     /// Who answers an upstream server's requests to the caller during the call: the client,
     /// on the request's SSE stream (only the direct path has one it can ask on: rmcp's
@@ -1345,9 +1345,33 @@ impl ServerHandler for McpHandler {
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let who = Self::identity(context.request_context())?;
-        // Held while the stream is open (the request's own admission ends with its head).
-        let _permit = match self.state.limits.try_admit_stream(who.owner_key().as_str()) {
-            Ok(permit) => permit,
+        let _permit = self.admit_stream(who)?;
+        let scope = RequestInfo::from_context(context.request_context()).scope();
+        let (wants, uris) = watched(context.accepted());
+        let notifications = ChangeFeed::new(self, who, scope, wants, &uris).await.into_stream(uris);
+        let mut notifications = std::pin::pin!(notifications);
+        loop {
+            let next = tokio::select! {
+                () = context.cancelled() => return Ok(()),
+                next = notifications.next() => next,
+            };
+            let Some(notification) = next else { return Ok(()) };
+            if context.sink().send(notification).await.is_err() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl McpHandler {
+    /// Admits one `subscriptions/listen` stream of `who`, held while the stream is open (the
+    /// request's own admission ends with its head), and counts the request.
+    pub(super) fn admit_stream(&self, who: &Identity) -> Result<StreamPermit, ErrorData> {
+        match self.state.limits.try_admit_stream(who.owner_key().as_str()) {
+            Ok(permit) => {
+                self.count("subscriptions/listen", true);
+                Ok(permit)
+            }
             Err(rejection) => {
                 self.state.metrics.admission_rejected(rejection);
                 self.count("subscriptions/listen", false);
@@ -1355,32 +1379,26 @@ impl ServerHandler for McpHandler {
                     Rejection::StreamsUser => "too many open subscriptions/listen streams for this user",
                     _ => "too many open subscriptions/listen streams",
                 };
-                return Err(errors::busy(what, self.retry_after()));
-            }
-        };
-        self.count("subscriptions/listen", true);
-        let accepted = context.accepted();
-        let wants = Wants {
-            tools: accepted.tools_list_changed == Some(true),
-            prompts: accepted.prompts_list_changed == Some(true),
-        };
-        let uris = accepted.resource_subscriptions.clone().unwrap_or_default();
-        let scope = RequestInfo::from_context(context.request_context()).scope();
-        let mut feed = ChangeFeed::new(self, who, scope, wants, &uris).await;
-        loop {
-            let next = tokio::select! {
-                () = context.cancelled() => return Ok(()),
-                () = self.state.shutdown.cancelled() => return Ok(()),
-                next = feed.next(&uris) => next,
-            };
-            let Some(notifications) = next else { return Ok(()) };
-            for notification in notifications {
-                if context.sink().send(notification).await.is_err() {
-                    return Ok(());
-                }
+                Err(errors::busy(what, self.retry_after()))
             }
         }
     }
+
+    /// What a `subscriptions/listen` asking for `requested` is given, as rmcp decides it: what
+    /// the gateway accepts of it, within the capabilities it advertises.
+    pub(super) fn subscription_filter(&self, requested: &SubscriptionFilter) -> SubscriptionFilter {
+        let accepted = self.accepted_subscription_filter(requested).unwrap_or_default();
+        let advertised = requested.supported_by(&self.get_info().capabilities);
+        requested.intersection(&accepted).intersection(&advertised)
+    }
+}
+
+/// What a stream with the accepted `filter` is told: the list changes, and the resources
+/// watched.
+pub(super) fn watched(filter: &SubscriptionFilter) -> (Wants, Vec<String>) {
+    let wants =
+        Wants { tools: filter.tools_list_changed == Some(true), prompts: filter.prompts_list_changed == Some(true) };
+    (wants, filter.resource_subscriptions.clone().unwrap_or_default())
 }
 
 /// True when `uri` starts with a URI scheme (`scheme:`).

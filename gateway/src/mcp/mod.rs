@@ -200,6 +200,20 @@ impl IntoResponse for NoSuchSession {
     }
 }
 
+/// How often an idle SSE stream carries a comment (rmcp's setting for its streams).
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// An SSE answer of serialized JSON-RPC `messages`, one event each, as rmcp writes its streams:
+/// kept alive, and marked for proxies not to buffer.
+fn sse_response(messages: impl futures::Stream<Item = String> + Send + 'static) -> axum::response::Response {
+    let events = futures::StreamExt::map(messages, |data| {
+        Ok::<_, std::convert::Infallible>(axum::response::sse::Event::default().data(data))
+    });
+    let sse = axum::response::sse::Sse::new(events)
+        .keep_alive(axum::response::sse::KeepAlive::new().interval(SSE_KEEP_ALIVE));
+    ([(http::HeaderName::from_static("x-accel-buffering"), http::HeaderValue::from_static("no"))], sse).into_response()
+}
+
 /// True when the body is an `initialize` request.
 fn is_initialize(body: &[u8]) -> bool {
     #[derive(serde::Deserialize)]

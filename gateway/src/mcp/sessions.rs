@@ -27,7 +27,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
@@ -205,11 +204,9 @@ pub fn stream(handler: &McpHandler, who: &Identity, scope: Scope, session: Sessi
         notify(&handler, &who, scope, &session, &wake, &out).await;
         sessions.release(&session, &wake);
     });
-    let events = futures::stream::unfold(messages, |mut messages| async move {
-        let message = messages.recv().await?;
-        Some((Ok::<_, std::convert::Infallible>(Event::default().data(message)), messages))
-    });
-    Sse::new(events).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response()
+    super::sse_response(futures::stream::unfold(messages, |mut messages| async move {
+        Some((messages.recv().await?, messages))
+    }))
 }
 
 /// Sends the notifications of `session` to `out` until it closes or the gateway stops.
