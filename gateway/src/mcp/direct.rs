@@ -1,25 +1,29 @@
-//! The direct path: a plain stateless `tools/list` or `tools/call` is served in the HTTP
-//! request's own task instead of through rmcp's per-request service.
+//! The direct path: a plain stateless `tools/list`, `tools/call` or `subscriptions/listen` is
+//! served in the HTTP request's own task instead of through rmcp's per-request service.
 //!
 //! rmcp serves each stateless request by building a service for it: it spawns a service task
 //! and a handler task and passes the request and the answer through channels. At low
 //! concurrency those hand-offs and the worker-thread wake-ups they cause cost several times
-//! what the gateway's own work does (the `gateway_mcp` bench shows it). The two methods a
-//! client sends on every call are therefore answered here, with the same handler code and the
-//! same JSON-RPC types, serialized the way rmcp serializes them.
+//! what the gateway's own work does (the `gateway_mcp` bench shows it), and for as long as a
+//! listen stream is open its channels cost some 45 KB (the `connections` bench). The two
+//! methods a client sends on every call, and the one it keeps open, are therefore answered
+//! here, with the same handler code and the same JSON-RPC types, serialized the way rmcp
+//! serializes them.
 //!
 //! [`take`] only takes a request rmcp would accept and would answer the same way; everything
 //! else goes to rmcp unchanged, which keeps every other rule (and every rejection) in one place:
 //!
-//! - the body is one JSON-RPC request of `tools/list` or `tools/call` (not a built-in tool,
-//!   no `inputResponses`/`requestState`), without a per-request `_meta` protocol version,
-//!   read as that one request type rather than through rmcp's untagged enums
-//!   ([`parse_request`]);
-//! - `MCP-Protocol-Version` is absent or a known revision older than 2026-07-28 (newer ones
-//!   negotiate per request and carry the standard `Mcp-*` headers);
 //! - `Accept` names both `application/json` and `text/event-stream` with no parameters, and
 //!   `Content-Type` is JSON (checked by the caller);
-//! - no `Origin` header, and the `Host` is one of the allowed hosts (compared as rmcp does).
+//! - no `Origin` header, and the `Host` is one of the allowed hosts (compared as rmcp does);
+//! - the body is one JSON-RPC request, read as the one request type its method names rather
+//!   than through rmcp's untagged enums ([`parse_request`]);
+//! - with `MCP-Protocol-Version` absent or a known revision older than 2026-07-28: a
+//!   `tools/list` or `tools/call` (not a built-in tool, no `inputResponses`/`requestState`),
+//!   without a per-request `_meta` protocol version;
+//! - with one `MCP-Protocol-Version` of 2026-07-28 or later that the gateway speaks: a
+//!   `subscriptions/listen` with one `Mcp-Method` naming it, and the same revision and the
+//!   client's capabilities in its `_meta` (what rmcp checks of such a request).
 //!
 //! A listing's answer is written from each tool's definition serialized once
 //! ([`super::convert::to_mcp_json`]), in the shape rmcp gives the same page for these
@@ -31,7 +35,8 @@
 //! every request, so answers could not be told apart). A client that goes away cancels the
 //! call, as under rmcp: the rest of the call moves to a task of its own (see [`Detached`]),
 //! where the executor stops the run and the outcome is counted, rather than the call being
-//! dropped half-way.
+//! dropped half-way. A listen is an SSE stream polled by its connection alone ([`listen`]):
+//! no task and no channel of its own.
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -381,10 +386,7 @@ async fn listen(
         .chain(futures::stream::once(std::future::ready(end)))
         .map(move |message| {
             let _open = &permit;
-            serde_json::to_string(&message).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "serializing a notification failed");
-                String::new()
-            })
+            super::to_json(&message)
         });
     super::sse_response(messages)
 }

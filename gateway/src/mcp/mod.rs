@@ -165,7 +165,7 @@ impl McpService {
                     .into_response();
             }
             let scope = parts.extensions.get::<Scope>().cloned().unwrap_or(Scope::All);
-            return sessions::stream(&self.handler, who, scope, session);
+            return sessions::stream(&self.handler, who, scope, session).await;
         }
         self.rmcp.handle(Request::from_parts(parts, body)).await.map(Body::new)
     }
@@ -212,6 +212,14 @@ fn sse_response(messages: impl futures::Stream<Item = String> + Send + 'static) 
     let sse = axum::response::sse::Sse::new(events)
         .keep_alive(axum::response::sse::KeepAlive::new().interval(SSE_KEEP_ALIVE));
     ([(http::HeaderName::from_static("x-accel-buffering"), http::HeaderValue::from_static("no"))], sse).into_response()
+}
+
+/// A JSON-RPC message as the text of an SSE event.
+fn to_json(message: &rmcp::model::ServerJsonRpcMessage) -> String {
+    serde_json::to_string(message).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "serializing a JSON-RPC message failed");
+        String::new()
+    })
 }
 
 /// True when the body is an `initialize` request.

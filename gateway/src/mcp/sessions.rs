@@ -31,10 +31,12 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use bytes::Bytes;
+use futures::StreamExt;
 use http::{HeaderValue, StatusCode, header};
 use rmcp::ErrorData;
 use rmcp::model::ServerJsonRpcMessage;
-use tokio::sync::{Notify, mpsc};
+use rmcp::model::ServerNotification;
+use tokio::sync::Notify;
 use toolyard_api::OwnerKey;
 use toolyard_api::token::SigningKey;
 
@@ -42,6 +44,7 @@ use super::Scope;
 use super::changes::{ChangeFeed, MAX_RESOURCE_SUBSCRIPTIONS, Wants};
 use super::handler::McpHandler;
 use crate::identity::Identity;
+use crate::limits::StreamPermit;
 use crate::metrics::Rejection;
 use crate::state::AppState;
 use crate::store::ArtifactStore;
@@ -52,9 +55,6 @@ pub const HEADER: &str = "mcp-session-id";
 /// How often a session's GET stream reads its subscriptions again (those made through another
 /// replica; those made through its own are read at once).
 pub const SUBSCRIPTIONS_RECHECK: Duration = Duration::from_secs(10);
-
-/// Messages a GET stream may have queued for a slow client before it waits.
-const STREAM_QUEUE: usize = 16;
 
 /// Makes and checks session ids; wakes the GET streams held here when their session's
 /// subscriptions change.
@@ -178,7 +178,7 @@ async fn subscribed(store: &dyn ArtifactStore, owner: &OwnerKey, session: &Sessi
 /// The GET stream of `session` for `who`: its notifications as SSE, until the client goes
 /// away or the gateway stops. Refused 429 beyond the user's (or 503 beyond the replica's)
 /// open streams.
-pub fn stream(handler: &McpHandler, who: &Identity, scope: Scope, session: Session) -> Response {
+pub async fn stream(handler: &McpHandler, who: &Identity, scope: Scope, session: Session) -> Response {
     let state = handler.state();
     let owner = who.owner_key();
     let permit = match state.limits.try_admit_stream(owner.as_str()) {
@@ -195,69 +195,79 @@ pub fn stream(handler: &McpHandler, who: &Identity, scope: Scope, session: Sessi
             return response;
         }
     };
-    let (out, messages) = mpsc::channel::<String>(STREAM_QUEUE);
-    let (handler, who) = (handler.clone(), who.clone());
-    tokio::spawn(async move {
-        let _permit = permit;
-        let sessions = &handler.state().sessions;
-        let wake = sessions.hold(&session);
-        notify(&handler, &who, scope, &session, &wake, &out).await;
-        sessions.release(&session, &wake);
-    });
-    super::sse_response(futures::stream::unfold(messages, |mut messages| async move {
-        Some((messages.recv().await?, messages))
-    }))
+    let stream = GetStream::open(handler, who, scope, session, permit).await;
+    let shutdown = state.shutdown.clone();
+    let notifications = futures::stream::unfold(stream, GetStream::next).flatten();
+    super::sse_response(
+        notifications
+            .take_until(shutdown.cancelled_owned())
+            .map(|notification| super::to_json(&ServerJsonRpcMessage::notification(notification))),
+    )
 }
 
-/// Sends the notifications of `session` to `out` until it closes or the gateway stops.
-async fn notify(
-    handler: &McpHandler,
-    who: &Identity,
-    scope: Scope,
-    session: &Session,
-    wake: &Notify,
-    out: &mpsc::Sender<String>,
-) {
-    let state = handler.state();
-    let owner = who.owner_key();
-    let read = |owner: OwnerKey| async move {
-        subscribed(state.store.as_ref(), &owner, session).await.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "reading a session's subscriptions failed");
-            Vec::new()
-        })
-    };
-    let mut uris = read(owner.clone()).await;
-    let mut feed = ChangeFeed::new(handler, who, scope, Wants { tools: true, prompts: true }, &uris).await;
-    let mut reread = tokio::time::interval(SUBSCRIPTIONS_RECHECK);
-    reread.tick().await;
-    loop {
-        let next = tokio::select! {
-            () = out.closed() => return,
-            () = state.shutdown.cancelled() => return,
-            _ = reread.tick() => None,
-            () = wake.notified() => None,
-            next = feed.next(&uris) => Some(next),
+/// The state of a session's GET stream, polled by its connection: the session's subscriptions
+/// as last read, and the feed of what to tell about them.
+struct GetStream {
+    handler: McpHandler,
+    owner: OwnerKey,
+    held: Held,
+    uris: Vec<String>,
+    feed: ChangeFeed,
+    reread: tokio::time::Interval,
+    _permit: StreamPermit,
+}
+
+/// A session's GET stream held on this replica: woken when a request here changes the
+/// session's subscriptions; no longer once dropped.
+struct Held {
+    handler: McpHandler,
+    session: Session,
+    wake: Arc<Notify>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.handler.state().sessions.release(&self.session, &self.wake);
+    }
+}
+
+impl GetStream {
+    async fn open(handler: &McpHandler, who: &Identity, scope: Scope, session: Session, permit: StreamPermit) -> Self {
+        let wake = handler.state().sessions.hold(&session);
+        let held = Held { handler: handler.clone(), session, wake };
+        let owner = who.owner_key();
+        let uris = read_subscribed(handler.state(), &owner, &held.session).await;
+        let feed = ChangeFeed::new(handler, who, scope, Wants { tools: true, prompts: true }, &uris).await;
+        let start = tokio::time::Instant::now() + SUBSCRIPTIONS_RECHECK;
+        let reread = tokio::time::interval_at(start, SUBSCRIPTIONS_RECHECK);
+        GetStream { handler: handler.clone(), owner, held, uris, feed, reread, _permit: permit }
+    }
+
+    /// Waits for the next notifications (possibly none); `None` once the catalog is gone.
+    async fn next(mut self) -> Option<(futures::stream::Iter<std::vec::IntoIter<ServerNotification>>, Self)> {
+        let changed = tokio::select! {
+            _ = self.reread.tick() => None,
+            () = self.held.wake.notified() => None,
+            next = self.feed.next(&self.uris) => Some(next?),
         };
-        let notifications = match next {
+        let notifications = match changed {
+            Some(notifications) => notifications,
             // The subscriptions again: a new one is watched from now on.
             None => {
-                uris = read(owner.clone()).await;
-                feed.updates(&uris).await
+                self.uris = read_subscribed(self.handler.state(), &self.owner, &self.held.session).await;
+                self.feed.updates(&self.uris).await
             }
-            Some(None) => return,
-            Some(Some(notifications)) => notifications,
         };
-        for notification in notifications {
-            let message =
-                serde_json::to_string(&ServerJsonRpcMessage::notification(notification)).unwrap_or_else(|e| {
-                    tracing::error!(error = %e, "serializing a notification failed");
-                    String::new()
-                });
-            if out.send(message).await.is_err() {
-                return;
-            }
-        }
+        Some((futures::stream::iter(notifications), self))
     }
+}
+
+/// [`subscribed`], or none when they cannot be read now (the stream reads them again later).
+async fn read_subscribed(state: &AppState, owner: &OwnerKey, session: &Session) -> Vec<String> {
+    subscribed(state.store.as_ref(), owner, session).await.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "reading a session's subscriptions failed");
+        Vec::new()
+    })
 }
 
 #[cfg(test)]
