@@ -2,7 +2,8 @@
 //! `procs.rs`) so that its CPU and memory can be measured alone: tools from McpTool objects
 //! on the test cluster's apiserver, bearer authentication by TokenReview with its cache, RBAC
 //! by SubjectAccessReview with its cache, and an executor that answers every call at once —
-//! the figures are the gateway's, not a tool run's.
+//! the figures are the gateway's, not a tool run's — or after a fixed time
+//! ([`CALL_MS_VAR`]). Per-user limits are lifted unless [`USER_LIMITS_VAR`] keeps them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,12 +23,25 @@ use toolyard_gateway::state::{AppState, Settings};
 use toolyard_gateway::store::fs::FsStore;
 use toolyard_tests::{TestEnv, User, wait_until};
 
-/// The executor of the benches' gateway: answers every call at once with `{"echo": arguments}`.
-struct InstantExecutor;
+/// The variable giving the time each call takes, in milliseconds (default 0: answered at once).
+#[allow(dead_code, reason = "each bench includes this module; only noisy_user sets it")]
+pub const CALL_MS_VAR: &str = "TOOLYARD_BENCH_CALL_MS";
+
+/// The variable that, set to `default`, keeps the gateway's default per-user limits (otherwise
+/// lifted: a bench's one user stands in for many).
+#[allow(dead_code, reason = "each bench includes this module; only noisy_user sets it")]
+pub const USER_LIMITS_VAR: &str = "TOOLYARD_BENCH_USER_LIMITS";
+
+/// The executor of the benches' gateway: answers every call with `{"echo": arguments}`, at
+/// once or after its fixed time (a function's run, standing in).
+struct InstantExecutor(Duration);
 
 #[async_trait]
 impl Executor for InstantExecutor {
     async fn call(&self, request: CallRequest) -> toolyard_gateway::Result<CallResult> {
+        if !self.0.is_zero() {
+            tokio::time::sleep(self.0).await;
+        }
         Ok(CallResult::ok(json!({"echo": request.arguments}), 0))
     }
 }
@@ -74,15 +88,18 @@ pub fn run(namespaces: &str, metrics: bool) {
             .await
             .expect("auth");
         let mut settings = Settings::default();
-        settings.limits.max_calls_per_user = 1024;
-        settings.limits.max_http_in_flight_per_user = 1024;
-        settings.limits.max_streams_per_user = 1024;
+        if std::env::var(USER_LIMITS_VAR).as_deref() != Ok("default") {
+            settings.limits.max_calls_per_user = 1024;
+            settings.limits.max_http_in_flight_per_user = 1024;
+            settings.limits.max_streams_per_user = 1024;
+        }
+        let call_ms = std::env::var(CALL_MS_VAR).ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+        let executor = InstantExecutor(Duration::from_millis(call_ms));
         settings.metrics_on_public = metrics;
         let tokens = ShutdownTokens::default();
-        let state =
-            AppState::new(Arc::new(catalog.clone()), Arc::new(InstantExecutor), store, Arc::new(authorizer), settings)
-                .with_metrics(registry)
-                .with_shutdown(tokens.app.clone());
+        let state = AppState::new(Arc::new(catalog.clone()), Arc::new(executor), store, Arc::new(authorizer), settings)
+            .with_metrics(registry)
+            .with_shutdown(tokens.app.clone());
         let router =
             app_with(state, auth.state.clone(), metadata_router(auth.metadata.clone()), tokens.streams.clone());
         wait_until(Duration::from_secs(120), "catalog sync", || {
