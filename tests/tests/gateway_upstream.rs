@@ -328,9 +328,100 @@ async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
     assert!(a.store.get(&alice, &held).await.expect("reading").is_none());
 }
 
+/// A 2026-07-28 client that can be asked to elicit, keeping the log messages it hears.
+#[derive(Clone, Default)]
+struct Eliciting {
+    logs: std::sync::Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl rmcp::ClientHandler for Eliciting {
+    fn get_info(&self) -> ClientConfig {
+        let mut capabilities = rmcp::model::ClientCapabilities::default();
+        capabilities.elicitation = Some(Default::default());
+        ClientConfig::new(capabilities, rmcp::model::Implementation::new("rounds-test", "1"))
+    }
+
+    #[allow(deprecated)]
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.logs.lock().unwrap_or_else(|e| e.into_inner()).push(params.data);
+    }
+}
+
+impl Eliciting {
+    async fn connect(&self, gw: &Gateway) -> rmcp::service::RunningService<rmcp::RoleClient, Eliciting> {
+        use rmcp::ClientServiceExt;
+        let config =
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(gw.mcp_url())
+                .auth_header(TestEnv::get().token(User::Alice).to_owned());
+        let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
+        let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
+        self.clone().serve_with_lifecycle(transport, mode).await.expect("client connects")
+    }
+
+    /// Whether `message` was heard (within 10 s: rmcp hands each log message to the handler on
+    /// a task of its own, so it may follow the answer).
+    async fn heard(&self, message: &str) -> bool {
+        for _ in 0..100 {
+            if self.logs.lock().unwrap_or_else(|e| e.into_inner()).contains(&json!(message)) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+}
+
+/// A held call's log message sent while no round is answered on its replica is kept, and the
+/// next round sends it before its answer, even from another replica.
+#[tokio::test]
+async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
+    let markers = TempDir::new("gwheld-markers");
+    let start = |port: u16| UpstreamServer::start(port, markers.path());
+    let (_upstream, a, b) = at_two_replicas("gwheld", "market", start, "market_ask_flood").await;
+    let call = || {
+        CallToolRequestParams::new("market_ask_flood")
+            .with_arguments(json!({"count": 1}).as_object().expect("object").clone())
+    };
+    let first = Eliciting::default().connect(&a).await.call_tool_once(call()).await.expect("first round");
+    let CallToolResponse::InputRequired(asked) = first else { panic!("input required: {first:?}") };
+    let key = asked.input_requests.as_ref().and_then(|r| r.keys().next()).expect("a request").clone();
+    let state = asked.request_state.clone().expect("a request state");
+
+    // The server logs "asked 1" once answered, at replica a, while replica b answers the round.
+    let answering = Eliciting::default();
+    let retry = call()
+        .with_input_responses([(key, json!({"action": "accept", "content": {}}))].into())
+        .with_request_state(state);
+    let done = answering.connect(&b).await.call_tool_once(retry).await.expect("retry");
+    let CallToolResponse::Complete(result) = done else { panic!("complete: {done:?}") };
+    let text =
+        serde_json::to_value(&result.content).expect("content")[0]["text"].as_str().unwrap_or_default().to_owned();
+    assert!(text.starts_with("answered 1; refused 0"), "{result:?}");
+    assert!(answering.heard("asked 1").await, "the round at b hears the log message sent at a");
+}
+
 /// The conformance fixture server as the McpServer `fixtures` (callable by alice and bob) in a
 /// new namespace named from `prefix`, served by two gateway replicas that both list its tools.
 async fn fixtures_at_two_replicas(prefix: &str) -> (ServerProcess, Gateway, Gateway) {
+    let start = |port: u16| {
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()])
+    };
+    at_two_replicas(prefix, "fixtures", start, "fixtures_test_elicitation").await
+}
+
+/// The fixture server `start` starts, as the McpServer `name` (callable by alice and bob) in a
+/// new namespace named from `prefix`, served by two gateway replicas that both list its tool
+/// `tool`.
+async fn at_two_replicas(
+    prefix: &str,
+    name: &str,
+    start: impl FnOnce(u16) -> ServerProcess,
+    tool: &str,
+) -> (ServerProcess, Gateway, Gateway) {
     let env = TestEnv::get();
     env.install_crds().await.expect("CRDs");
     let ns = env.namespace(prefix).await.expect("namespace");
@@ -338,20 +429,19 @@ async fn fixtures_at_two_replicas(prefix: &str) -> (ServerProcess, Gateway, Gate
     apply_role(
         &ns,
         "fixture-callers",
-        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &["fixtures"])],
+        vec![named_rule(&["toolyard.dev"], &["mcpservers"], &["call"], &[name])],
         vec![user_subject("alice"), user_subject("bob")],
     )
     .await;
-    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some("fixtures")).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcpservers", "call", Some(name)).await;
     let port = free_port();
-    let upstream =
-        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
-    create_server(&ns, "fixtures", port, false).await;
+    let upstream = start(port);
+    create_server(&ns, name, port, false).await;
     let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
     let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
     for gw in [&a, &b] {
         wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
-            Ok(listed(&gw.client(User::Alice).await).await.contains(&"fixtures_test_elicitation".to_owned()))
+            Ok(listed(&gw.client(User::Alice).await).await.contains(&tool.to_owned()))
         })
         .await
         .expect("served");

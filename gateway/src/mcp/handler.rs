@@ -583,7 +583,7 @@ impl McpHandler {
             asker: Some(asker),
             task: None,
         };
-        holding.sinks.set(info.progress.clone(), info.logs.clone());
+        holding.sinks.attach(info.progress.clone(), info.logs.clone()).await;
         // A `notifications/cancelled` for this request stops the call while it answers it.
         let cancel_key = cancel::cancel_key(&owner, &info.request_id);
         let _registration = self.state.cancels.register(cancel_key, info.cancel.clone());

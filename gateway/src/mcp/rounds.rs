@@ -26,10 +26,12 @@
 //! requests reach only a caller that declared the capability they need (`sampling`,
 //! `elicitation`); the server is told at once that any other caller cannot be asked.
 //! Progress and log messages of a held call reach the request of the round being answered
-//! when the replica holding the call serves it; between rounds, and while another replica
-//! serves one, they are dropped.
+//! when the replica holding the call serves it. Between rounds, and while another replica
+//! serves one, they are kept (the latest progress, the latest 32 log messages) and sent by the
+//! next round before its answer: passed on with its event, or at once when that round reaches
+//! the replica holding the call.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +50,7 @@ use super::cancel::{CancelRegistry, cancel_key};
 use crate::core::quota::StorageQuota;
 use crate::core::{ClientAsker, LogSink, ProgressSink};
 use crate::store::ArtifactStore;
+use crate::upstream::logs::LogMessage;
 
 /// How a held call's ids begin.
 const ROUND_PREFIX: &str = "toolyard-round-";
@@ -72,6 +75,16 @@ enum Event {
     Input(BTreeMap<String, InputRequest>),
     /// The call's result.
     Done(CallToolResult),
+}
+
+/// An event as it is passed on to the round that answers it, with the messages kept for that
+/// round.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Passed {
+    #[serde(flatten)]
+    event: Event,
+    #[serde(default)]
+    kept: Kept,
 }
 
 /// A held call's events: the requests waiting in the queue together come as one.
@@ -150,9 +163,12 @@ pub(super) struct Holding {
     pub sinks: Arc<RoundSinks>,
 }
 
-/// The progress and log messages of a held call, passed to the request of the round being
-/// answered on the replica holding the call (dropped between rounds, and while a round is
-/// answered by another replica).
+/// Most log messages of a held call kept for the next round (the latest are kept).
+const KEPT_LOGS: usize = 32;
+
+/// The progress and log messages of a held call: passed to the request of the round being
+/// answered on the replica holding the call; otherwise (between rounds, and while another
+/// replica answers one) kept for the next round, which sends them before its answer.
 #[derive(Default)]
 pub(super) struct RoundSinks {
     current: std::sync::Mutex<Sinks>,
@@ -162,27 +178,80 @@ pub(super) struct RoundSinks {
 struct Sinks {
     progress: Option<Arc<dyn ProgressSink>>,
     logs: Option<Arc<dyn LogSink>>,
+    kept: Kept,
+}
+
+/// What a held call reported while no round was answered on its replica: its latest progress
+/// and its latest log messages.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Kept {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    progress: Option<toolyard_api::protocol::Progress>,
+    #[serde(default, skip_serializing_if = "VecDeque::is_empty")]
+    logs: VecDeque<LogMessage>,
+}
+
+impl Kept {
+    fn is_empty(&self) -> bool {
+        self.progress.is_none() && self.logs.is_empty()
+    }
+
+    /// Sends the kept messages to a round's sinks.
+    async fn send(self, progress: Option<&Arc<dyn ProgressSink>>, logs: Option<&Arc<dyn LogSink>>) {
+        if let (Some(sink), Some(reported)) = (progress, self.progress) {
+            sink.report(&reported).await;
+        }
+        if let Some(sink) = logs {
+            for message in self.logs {
+                sink.log(message).await;
+            }
+        }
+    }
 }
 
 impl RoundSinks {
-    /// From now on the messages go to these sinks (`None`: nowhere).
-    pub fn set(&self, progress: Option<Arc<dyn ProgressSink>>, logs: Option<Arc<dyn LogSink>>) {
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Sinks { progress, logs };
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sinks> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn progress(&self) -> Option<Arc<dyn ProgressSink>> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner()).progress.clone()
+    /// From now on the messages go to these sinks, after those kept until now.
+    pub async fn attach(&self, progress: Option<Arc<dyn ProgressSink>>, logs: Option<Arc<dyn LogSink>>) {
+        loop {
+            let kept = {
+                let mut sinks = self.lock();
+                if sinks.kept.is_empty() {
+                    (sinks.progress, sinks.logs) = (progress, logs);
+                    return;
+                }
+                std::mem::take(&mut sinks.kept)
+            };
+            kept.send(progress.as_ref(), logs.as_ref()).await;
+        }
     }
 
-    fn logs(&self) -> Option<Arc<dyn LogSink>> {
-        self.current.lock().unwrap_or_else(|e| e.into_inner()).logs.clone()
+    /// From now on the messages are kept for the next round.
+    pub fn detach(&self) {
+        let mut sinks = self.lock();
+        (sinks.progress, sinks.logs) = (None, None);
+    }
+
+    /// The messages kept until now (the next round's, passed on with the event).
+    fn take_kept(&self) -> Kept {
+        std::mem::take(&mut self.lock().kept)
     }
 }
 
 #[async_trait::async_trait]
 impl ProgressSink for RoundSinks {
     async fn report(&self, progress: &toolyard_api::protocol::Progress) {
-        if let Some(sink) = self.progress() {
+        let sink = {
+            let mut sinks = self.lock();
+            if sinks.progress.is_none() {
+                sinks.kept.progress = Some(progress.clone());
+            }
+            sinks.progress.clone()
+        };
+        if let Some(sink) = sink {
             sink.report(progress).await;
         }
     }
@@ -190,10 +259,21 @@ impl ProgressSink for RoundSinks {
 
 #[async_trait::async_trait]
 impl LogSink for RoundSinks {
-    async fn log(&self, message: crate::upstream::logs::LogMessage) {
-        if let Some(sink) = self.logs() {
-            sink.log(message).await;
-        }
+    async fn log(&self, message: LogMessage) {
+        let sink = {
+            let mut sinks = self.lock();
+            match sinks.logs.clone() {
+                Some(sink) => sink,
+                None => {
+                    sinks.kept.logs.push_back(message);
+                    if sinks.kept.logs.len() > KEPT_LOGS {
+                        sinks.kept.logs.pop_front();
+                    }
+                    return;
+                }
+            }
+        };
+        sink.log(message).await;
     }
 }
 
@@ -290,10 +370,10 @@ impl Rounds<'_> {
             ));
         }
         stop_unless_held.disarm();
-        sinks.set(None, None);
-        self.asks.hold(held.clone(), self.owner.clone(), stop, sinks);
+        sinks.detach();
+        self.asks.hold(held.clone(), self.owner.clone(), stop, sinks.clone());
         let (asks, store, owner) = (self.asks.clone(), self.store.clone(), self.owner.clone());
-        tokio::spawn(pass_events_on(asks, store, owner, held.clone(), events));
+        tokio::spawn(pass_events_on(asks, store, owner, held.clone(), events, sinks));
         Ok(input_required(requests, &held, 1))
     }
 
@@ -340,10 +420,13 @@ impl Rounds<'_> {
         let here = self.asks.held_here(held, self.owner);
         let stop = here.as_ref().map(|(stop, _)| stop.clone());
         let _registration = stop.clone().map(|stop| self.cancels.register(cancel_key(self.owner, request_id), stop));
-        let _sinks = here.map(|(_, sinks)| {
-            sinks.set(progress, logs);
-            SinksReset(sinks)
-        });
+        let _sinks = match here {
+            Some((_, sinks)) => {
+                sinks.attach(progress.clone(), logs.clone()).await;
+                Some(SinksReset(sinks))
+            }
+            None => None,
+        };
         // Registered before the answers go on, so that an event they cause at once finds it.
         let waiting = self.asks.wait(event_id(held, n), self.owner.clone());
         for (key, answer) in responses {
@@ -368,10 +451,17 @@ impl Rounds<'_> {
                 }
             })
             .await;
-        let event = answer.and_then(|value| {
-            serde_json::from_value::<Event>(value)
+        let passed = answer.and_then(|value| {
+            serde_json::from_value::<Passed>(value)
                 .map_err(|e| ErrorData::internal_error(format!("the held call's event is unreadable: {e}"), None))
         });
+        let event = match passed {
+            Ok(Passed { event, kept }) => {
+                kept.send(progress.as_ref(), logs.as_ref()).await;
+                Ok(event)
+            }
+            Err(e) => Err(e),
+        };
         match event {
             Ok(Event::Input(requests)) => Ok(input_required(requests, held, n + 1)),
             ended => {
@@ -387,12 +477,12 @@ impl Rounds<'_> {
     }
 }
 
-/// Sends a held call's messages nowhere again when the round ends.
+/// Keeps a held call's messages for the next round again when this round ends.
 struct SinksReset(Arc<RoundSinks>);
 
 impl Drop for SinksReset {
     fn drop(&mut self) {
-        self.0.set(None, None);
+        self.0.detach();
     }
 }
 
@@ -404,12 +494,14 @@ async fn pass_events_on(
     owner: OwnerKey,
     held: String,
     mut events: Events,
+    sinks: Arc<RoundSinks>,
 ) {
     let mut n = 1;
     while let Some(event) = events.next().await {
         let end = !matches!(event, Ok(Event::Input(_)));
         let answer = event.and_then(|event| {
-            serde_json::to_value(event).map_err(|e| ErrorData::internal_error(format!("the call's event: {e}"), None))
+            serde_json::to_value(Passed { event, kept: sinks.take_kept() })
+                .map_err(|e| ErrorData::internal_error(format!("the call's event: {e}"), None))
         });
         if asks::pass_on(&asks, store.as_ref(), None, &owner, &event_id(&held, n), answer).await.is_err() {
             tracing::warn!(held = %held, round = n, "a held call's event could not be passed on");
@@ -423,6 +515,8 @@ async fn pass_events_on(
 }
 
 #[cfg(test)]
+// The log messages of these tests use rmcp's deprecated logging types (see upstream/logs.rs).
+#[allow(deprecated)]
 mod tests {
     use super::*;
 
@@ -462,5 +556,61 @@ mod tests {
         assert!(matches!(events.next().await, Some(Ok(Event::Done(_)))));
         assert!(matches!(events.next().await, Some(Ok(Event::Input(_)))));
         assert!(events.next().await.is_none());
+    }
+
+    /// Collects what reaches it.
+    #[derive(Default)]
+    struct Heard(std::sync::Mutex<Vec<Value>>);
+
+    #[async_trait::async_trait]
+    impl LogSink for Heard {
+        async fn log(&self, message: LogMessage) {
+            self.0.lock().unwrap().push(message.data);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ProgressSink for Heard {
+        async fn report(&self, progress: &toolyard_api::protocol::Progress) {
+            self.0.lock().unwrap().push(serde_json::json!(progress.fraction));
+        }
+    }
+
+    fn line(n: usize) -> LogMessage {
+        LogMessage::new(rmcp::model::LoggingLevel::Info, serde_json::json!(n))
+    }
+
+    #[tokio::test]
+    async fn messages_between_rounds_are_kept_for_the_next_round_in_order() {
+        let sinks = RoundSinks::default();
+        let heard = Arc::new(Heard::default());
+        let (progress, logs) = (heard.clone() as Arc<dyn ProgressSink>, heard.clone() as Arc<dyn LogSink>);
+        // No round answered here: kept, the latest KEPT_LOGS of them, and the latest progress.
+        for n in 0..KEPT_LOGS + 3 {
+            sinks.log(line(n)).await;
+        }
+        sinks.report(&toolyard_api::protocol::Progress { fraction: 0.2, message: None }).await;
+        sinks.report(&toolyard_api::protocol::Progress { fraction: 0.5, message: None }).await;
+        // A round answered here hears them first, then the live ones.
+        sinks.attach(Some(progress.clone()), Some(logs.clone())).await;
+        sinks.log(line(100)).await;
+        let expected: Vec<Value> = std::iter::once(serde_json::json!(0.5))
+            .chain((3..KEPT_LOGS + 3).map(|n| serde_json::json!(n)))
+            .chain(std::iter::once(serde_json::json!(100)))
+            .collect();
+        assert_eq!(*heard.0.lock().unwrap(), expected);
+        // Detached again: kept for the event a round at another replica reads.
+        sinks.detach();
+        sinks.log(line(101)).await;
+        let passed = Passed { event: Event::Done(CallToolResult::success(vec![])), kept: sinks.take_kept() };
+        let value = serde_json::to_value(&passed).unwrap();
+        assert_eq!(value["kept"]["logs"][0]["data"], 101, "{value}");
+        let read: Passed = serde_json::from_value(value).unwrap();
+        assert!(matches!(read.event, Event::Done(_)));
+        assert_eq!(read.kept.logs.len(), 1);
+        assert!(sinks.take_kept().is_empty(), "taken once");
+        // An event without kept messages reads as one.
+        let bare = serde_json::to_value(Event::Done(CallToolResult::success(vec![]))).unwrap();
+        assert!(serde_json::from_value::<Passed>(bare).unwrap().kept.is_empty());
     }
 }
