@@ -227,8 +227,9 @@ pub struct LimitArgs {
 /// What is kept of each owner's stored calls and tasks (`serve` and the local mode alike).
 #[derive(Args, Clone, Debug)]
 pub struct DataArgs {
-    /// Bytes of stored calls and tasks per owner; at it, new calls and coding tasks are
-    /// refused with a message saying how to free space (0: no quota).
+    /// Bytes of stored calls and tasks per owner (each file counts at least 4 KiB); at it, new
+    /// calls, coding tasks and session subscriptions are refused with a message saying how to
+    /// free space (0: no quota).
     #[arg(long, env = "TOOLYARD_STORAGE_QUOTA_BYTES", default_value_t = crate::limits::DEFAULT_STORAGE_QUOTA_BYTES)]
     pub storage_quota_bytes: u64,
     /// Days after which stored calls and tasks are deleted (an S3 lifecycle rule where the

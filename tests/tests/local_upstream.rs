@@ -103,6 +103,11 @@ impl Setup {
     /// The local mode on McpServers named and specified (`spec:`, as YAML lines) as given,
     /// reconnecting after 1, 2, then 3 s; with the pricing example's functions when `pricing`.
     async fn start_specs(servers: &[(&str, String)], pricing: bool) -> Self {
+        Self::start_specs_with(servers, pricing, DataArgs::default()).await
+    }
+
+    /// [`Setup::start_specs`] with these storage quota and retention settings.
+    async fn start_specs_with(servers: &[(&str, String)], pricing: bool, data_args: DataArgs) -> Self {
         let dir = TempDir::new("upstream-manifests");
         if pricing {
             let text = std::fs::read_to_string(repo_path("examples/pricing/tools.yaml")).expect("pricing manifests");
@@ -124,7 +129,7 @@ impl Setup {
             std::fs::write(dir.path().join(format!("{name}.yaml")), manifest).expect("manifest written");
         }
         let data = TempDir::new("upstream-data");
-        let mut args = local_support::args(dir.path().to_owned(), &data, TOKEN, 4, DataArgs::default());
+        let mut args = local_support::args(dir.path().to_owned(), &data, TOKEN, 4, data_args);
         args.upstream.upstream_ping_seconds = 1;
         args.upstream.upstream_connect_timeout_seconds = 2;
         let gateway = local_support::start_args(args).await;
@@ -885,6 +890,34 @@ async fn modern_client<H: ClientHandler>(url: String, handler: H) -> RunningServ
 /// A 2025-11-25 session subscribes to an upstream server's resource: the gateway subscribes to
 /// it on its own connection to the server, and the server's update reaches the session's GET
 /// stream. A resource no server serves is not found; without a session there is no stream.
+/// A session's subscription is a file of its owner's: refused once the owner's stored files
+/// reach the storage quota, as a call is (sessions are free to open, so nothing else would
+/// bound them).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_subscription_is_refused_at_the_storage_quota() {
+    let port = free_port();
+    let _server =
+        UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()]);
+    let spec = format!("url: http://127.0.0.1:{port}/mcp\ntimeoutSeconds: 30");
+    let quota = DataArgs { storage_quota_bytes: 8000, ..DataArgs::default() };
+    let setup = Setup::start_specs_with(&[("fixtures", spec)], false, quota).await;
+    setup.wait_listed("fixtures_update_watched_resource", true).await;
+    // The owner already stores more than the quota.
+    let owner = toolyard_api::OwnerKey::derive("apikey", "local");
+    let old = setup._data.path().join("owners").join(owner.as_str()).join("calls/old");
+    std::fs::create_dir_all(&old).expect("folder");
+    std::fs::write(old.join("result.json"), vec![b'x'; 9000]).expect("an old result");
+
+    let session = LegacySession::open(&setup.gateway.mcp_url(), TOKEN).await;
+    let subscribe = json!({"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe",
+        "params": {"uri": "test://watched-resource"}});
+    let refused = session.post(subscribe).await;
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("storage quota reached"), "{refused}");
+    let sessions = setup._data.path().join("owners").join(owner.as_str()).join("sessions");
+    assert!(!sessions.exists(), "nothing stored for the refused subscription");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_session_hears_an_upstream_servers_resource_updates() {
     let port = free_port();

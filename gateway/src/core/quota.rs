@@ -1,6 +1,8 @@
-//! Per-owner storage quota: a call or a coding task is refused while its owner's stored files
-//! (`calls/`, `tasks/` and `asks/` under the owner's prefix) reach the quota, with a message that says
-//! how much is used and how to free it.
+//! Per-owner storage quota: a call, a coding task or a session's resource subscription is
+//! refused while its owner's stored files (`calls/`, `tasks/`, `asks/` and `sessions/` under the
+//! owner's prefix) reach the quota, with a message that says how much is used and how to free
+//! it. Each file counts at least [`MIN_FILE_BYTES`], so that many small (or empty) files, a
+//! session's subscriptions say, cannot pile up unbounded.
 //!
 //! The usage is measured by listing the owner's files in the store, so every replica sees the
 //! same figure. Listing costs as much as the owner has stored (a request per 1,000 objects on
@@ -46,7 +48,11 @@ fn validity(ttl: Duration, limit: u64, bytes: u64, objects: usize) -> Duration {
 }
 
 /// The top-level folders of an owner's files.
-const FOLDERS: [&str; 3] = ["calls/", "tasks/", "asks/"];
+const FOLDERS: [&str; 4] = ["calls/", "tasks/", "asks/", "sessions/"];
+
+/// The least a file counts for: a file system's block (an S3 server keeps each object's
+/// metadata too).
+pub const MIN_FILE_BYTES: u64 = 4096;
 
 /// A measurement in flight, shared by whoever waits for it.
 type Measuring = Shared<BoxFuture<'static, Result<u64, String>>>;
@@ -152,7 +158,7 @@ impl StorageQuota {
                 for folder in FOLDERS {
                     let listed = store.list(&owner, folder).await?;
                     objects += listed.len();
-                    sum = listed.iter().fold(sum, |sum, o| sum.saturating_add(o.size));
+                    sum = listed.iter().fold(sum, |sum, o| sum.saturating_add(o.size.max(MIN_FILE_BYTES)));
                 }
                 Ok((sum, objects))
             }
@@ -256,8 +262,8 @@ mod tests {
             gate: tokio::sync::Semaphore::new(0),
         });
         let owner = OwnerKey::derive("local", "dev");
-        store.put(&owner, "calls/c1/result.json", Bytes::from_static(&[b'x'; 100])).await.unwrap();
-        let quota = Arc::new(StorageQuota::new(store.clone(), 150).with_ttl(Duration::from_millis(50)));
+        store.put(&owner, "calls/c1/result.json", Bytes::from_static(&[b'x'; 5000])).await.unwrap();
+        let quota = Arc::new(StorageQuota::new(store.clone(), 8000).with_ttl(Duration::from_millis(50)));
 
         // The first checks wait for one measurement (a listing per folder counted).
         let waiting: Vec<_> = (0..8)
@@ -270,12 +276,13 @@ mod tests {
         store.gate.add_permits(FOLDERS.len());
         for w in waiting {
             let checked = tokio::time::timeout(Duration::from_secs(10), w).await.expect("a check answers");
-            assert_eq!(checked.unwrap(), None, "100 of 150 bytes");
+            assert_eq!(checked.unwrap(), None, "5,000 of 8,000 bytes");
         }
         assert_eq!(store.lists.load(Ordering::SeqCst), FOLDERS.len(), "one measurement for eight checks");
 
-        // Past the TTL, checks answer at once from the last figure; one measurement runs.
-        store.put(&owner, "calls/c2/result.json", Bytes::from_static(&[b'y'; 100])).await.unwrap();
+        // Past the TTL, checks answer at once from the last figure; one measurement runs. An
+        // empty file of a session's subscription counts MIN_FILE_BYTES.
+        store.put(&owner, "sessions/s1/subscriptions/dXJp/on", Bytes::new()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(60)).await;
         for _ in 0..8 {
             assert_eq!(quota.check(&owner).await.unwrap(), None, "the stale figure, without waiting");
@@ -289,7 +296,7 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(reached.is_some_and(|m| m.contains("200 bytes of your 150 bytes")), "the new figure is used");
+        assert!(reached.as_ref().is_some_and(|m| m.contains("8.9 KiB of your 7.8 KiB")), "the new figure: {reached:?}");
         assert_eq!(store.lists.load(Ordering::SeqCst), 2 * FOLDERS.len(), "one more measurement");
     }
 

@@ -144,6 +144,11 @@ pub async fn subscribe(state: &AppState, owner: &OwnerKey, session: &Session, ur
                 None,
             ));
         }
+        // Each subscription is a file of its owner's, and sessions are free to open: the
+        // storage quota bounds them.
+        if let Some(reached) = state.calls.quota().check(owner).await.map_err(unavailable)? {
+            return Err(ErrorData::invalid_request(reached, None));
+        }
         let path = format!("{}on", subscription_folder(session, uri));
         store.put(owner, &path, Bytes::new()).await.map_err(unavailable)?;
     }
