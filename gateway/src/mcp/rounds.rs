@@ -28,8 +28,8 @@
 //! Progress and log messages of a held call reach the request of the round being answered
 //! when the replica holding the call serves it. Between rounds, and while another replica
 //! serves one, they are kept (the latest progress, the latest 32 log messages) and sent by the
-//! next round before its answer: passed on with its event, or at once when that round reaches
-//! the replica holding the call.
+//! next round before its answer, an error included: passed on with its event, or at once when
+//! that round reaches the replica holding the call.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -75,6 +75,8 @@ enum Event {
     Input(BTreeMap<String, InputRequest>),
     /// The call's result.
     Done(CallToolResult),
+    /// The call's error.
+    Failed(ErrorData),
 }
 
 /// An event as it is passed on to the round that answers it, with the messages kept for that
@@ -94,14 +96,14 @@ struct Events {
 }
 
 impl Events {
-    /// The next event; its error when the call ended with one. `None` once the call is gone.
-    async fn next(&mut self) -> Option<Result<Event, ErrorData>> {
+    /// The next event (the call's error when it ended with one). `None` once the call is gone.
+    async fn next(&mut self) -> Option<Event> {
         let first = match self.next.take() {
             Some(message) => message,
             None => self.queue.recv().await?,
         };
         let (key, request) = match first {
-            Message::Done(result) => return Some(result.map(Event::Done)),
+            Message::Done(result) => return Some(result.map_or_else(Event::Failed, Event::Done)),
             Message::Ask(key, request) => (key, request),
         };
         let mut requests = BTreeMap::from([(key, *request)]);
@@ -116,7 +118,7 @@ impl Events {
                 }
             }
         }
-        Some(Ok(Event::Input(requests)))
+        Some(Event::Input(requests))
     }
 }
 
@@ -355,9 +357,9 @@ impl Rounds<'_> {
         };
         let requests = match first {
             None => return Err(ErrorData::internal_error("the call ended without an answer", None)),
-            Some(Err(error)) => return Err(error),
-            Some(Ok(Event::Done(result))) => return Ok(result.into()),
-            Some(Ok(Event::Input(requests))) => requests,
+            Some(Event::Failed(error)) => return Err(error),
+            Some(Event::Done(result)) => return Ok(result.into()),
+            Some(Event::Input(requests)) => requests,
         };
         let held = uuid::Uuid::new_v4().simple().to_string();
         let deadline = jiff::Timestamp::now() + timeout;
@@ -468,10 +470,11 @@ impl Rounds<'_> {
                 if let Err(e) = self.store.delete_folder(self.owner, &format!("asks/{ROUND_PREFIX}{held}/")).await {
                     tracing::warn!(error = %e, "deleting a held call's record failed");
                 }
-                ended.map(|event| match event {
-                    Event::Done(result) => result.into(),
+                match ended? {
+                    Event::Done(result) => Ok(result.into()),
+                    Event::Failed(error) => Err(error),
                     Event::Input(_) => unreachable!("matched above"),
-                })
+                }
             }
         }
     }
@@ -498,11 +501,10 @@ async fn pass_events_on(
 ) {
     let mut n = 1;
     while let Some(event) = events.next().await {
-        let end = !matches!(event, Ok(Event::Input(_)));
-        let answer = event.and_then(|event| {
-            serde_json::to_value(Passed { event, kept: sinks.take_kept() })
-                .map_err(|e| ErrorData::internal_error(format!("the call's event: {e}"), None))
-        });
+        let end = !matches!(event, Event::Input(_));
+        // An error too comes with the messages kept for its round (they may tell why).
+        let answer = serde_json::to_value(Passed { event, kept: sinks.take_kept() })
+            .map_err(|e| ErrorData::internal_error(format!("the call's event: {e}"), None));
         if asks::pass_on(&asks, store.as_ref(), None, &owner, &event_id(&held, n), answer).await.is_err() {
             tracing::warn!(held = %held, round = n, "a held call's event could not be passed on");
         }
@@ -551,10 +553,10 @@ mod tests {
         sender.send(Message::Done(Ok(CallToolResult::success(vec![])))).await.unwrap();
         sender.send(Message::Ask("c".into(), request("late"))).await.unwrap();
         drop(sender);
-        let Some(Ok(Event::Input(first))) = events.next().await else { panic!("requests first") };
+        let Some(Event::Input(first)) = events.next().await else { panic!("requests first") };
         assert_eq!(first.keys().collect::<Vec<_>>(), ["a", "b"]);
-        assert!(matches!(events.next().await, Some(Ok(Event::Done(_)))));
-        assert!(matches!(events.next().await, Some(Ok(Event::Input(_)))));
+        assert!(matches!(events.next().await, Some(Event::Done(_))));
+        assert!(matches!(events.next().await, Some(Event::Input(_))));
         assert!(events.next().await.is_none());
     }
 
@@ -612,5 +614,12 @@ mod tests {
         // An event without kept messages reads as one.
         let bare = serde_json::to_value(Event::Done(CallToolResult::success(vec![]))).unwrap();
         assert!(serde_json::from_value::<Passed>(bare).unwrap().kept.is_empty());
+        // A call's error comes with the messages kept for its round.
+        sinks.log(line(102)).await;
+        let failed =
+            Passed { event: Event::Failed(ErrorData::internal_error("it broke", None)), kept: sinks.take_kept() };
+        let read: Passed = serde_json::from_value(serde_json::to_value(&failed).unwrap()).unwrap();
+        assert!(matches!(read.event, Event::Failed(e) if e.message == "it broke"));
+        assert_eq!(read.kept.logs.len(), 1);
     }
 }
