@@ -121,6 +121,21 @@ async fn suite(store: &dyn ArtifactStore) {
     for bad in ["../", &format!("../{bob}/calls/"), "calls/c2/input.json", "", "/calls/"] {
         assert!(store.delete_folder(&alice, bad).await.is_err(), "delete {bad:?}");
     }
+
+    // Deleting files by path: exactly those (a missing one is no error), nothing beside them,
+    // nobody else's; a bad path fails the call before anything is deleted.
+    store.put(&alice, "asks/a1/answer.json", Bytes::from_static(b"{}")).await.expect("put");
+    store.put(&alice, "asks/a2/answer.json", Bytes::from_static(b"{}")).await.expect("put");
+    store.put(&alice, "asks/a2/held.json", Bytes::from_static(b"{}")).await.expect("put");
+    let paths = ["asks/a1/answer.json", "asks/a2/answer.json", "asks/nothing/answer.json"].map(String::from);
+    store.delete(&alice, &paths).await.expect("delete files");
+    let left: Vec<String> = store.list(&alice, "asks/").await.expect("list").into_iter().map(|o| o.path).collect();
+    assert_eq!(left, ["asks/a2/held.json"]);
+    for bad in [format!("../{bob}/calls/secret/input.json"), "asks/a2/".into(), String::new()] {
+        let paths = ["asks/a2/held.json".to_owned(), bad.clone()];
+        assert!(store.delete(&alice, &paths).await.is_err(), "delete {bad:?}");
+    }
+    assert_eq!(store.get(&alice, "asks/a2/held.json").await.expect("get"), Some(Bytes::from_static(b"{}")));
     assert_eq!(store.get(&bob, "calls/secret/input.json").await.expect("get"), Some(Bytes::from_static(b"bob")));
 }
 

@@ -26,12 +26,6 @@ use toolyard_tests::{TestEnv, User, wait_until};
 
 const CREDENTIAL: &str = "upstream-s3cret-0001";
 
-/// Taken by the tests that check what a call stores in `asks/` is deleted: they take turns.
-/// Run at once, one's deletion (a listing, then a delete of what it lists) was seen to leave a
-/// file behind without an error, about one run in three: the test S3 server (`s3s-fs`) answers
-/// a listing by walking its bucket while the other test deletes folders in it.
-static STORED_ASKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 async fn create_server(ns: &str, name: &str, port: u16, with_auth: bool) {
     let admin = TestEnv::get().client(User::Admin).await;
     let mut spec = json!({"url": UpstreamServer::url(port), "reconnectDelaysSeconds": [1, 2, 3], "timeoutSeconds": 20});
@@ -246,7 +240,6 @@ async fn post(url: &str, user: User, body: &Value) -> reqwest::Response {
 /// answer to the same id is never taken, and the stored answer is deleted once read.
 #[tokio::test]
 async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_another() {
-    let _turn = STORED_ASKS.lock().await;
     let (_upstream, a, b) = fixtures_at_two_replicas("gwask").await;
 
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
@@ -292,7 +285,6 @@ async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_an
 /// and nothing of the held call stays stored once it ended.
 #[tokio::test]
 async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
-    let _turn = STORED_ASKS.lock().await;
     let (_upstream, a, b) = fixtures_at_two_replicas("gwround").await;
     /// A 2026-07-28 client of `user` at `gw` that can be asked to elicit.
     async fn modern(gw: &Gateway, user: User) -> rmcp::service::RunningService<rmcp::RoleClient, ClientConfig> {
@@ -314,7 +306,8 @@ async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
     assert_eq!(request["method"], "elicitation/create", "{request}");
     assert_eq!(request["params"]["message"], "Who are you?", "{request}");
     let state = asked.request_state.clone().expect("a request state");
-    let held = format!("asks/toolyard-round-{}/held.json", state.split('.').next().expect("held id"));
+    let round = format!("toolyard-round-{}", state.split('.').next().expect("held id"));
+    let held = format!("asks/{round}/held.json");
     let retry = |name: &str| {
         let answer = json!({"action": "accept", "content": {"username": name, "email": format!("{name}@example.com")}});
         call().with_input_responses([(key.clone(), answer)].into()).with_request_state(state.clone())
@@ -331,7 +324,9 @@ async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
     assert!(text.contains("action=accept") && text.contains("'username': 'alice'"), "{result:?}");
 
     let alice = toolyard_api::OwnerKey::derive("kubernetes", "alice");
-    let stored = a.store.list(&alice, "asks/").await.expect("listing");
+    // Only this call's files: the other tests' held calls of alice may be in flight.
+    let mut stored = a.store.list(&alice, "asks/").await.expect("listing");
+    stored.retain(|o| o.path.starts_with(&format!("asks/{round}")));
     assert!(stored.is_empty(), "nothing of the held call stays: {stored:?}");
     assert!(a.store.get(&alice, &held).await.expect("reading").is_none());
 }
@@ -387,7 +382,6 @@ impl Eliciting {
 /// next round sends it before its answer, even from another replica.
 #[tokio::test]
 async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
-    let _turn = STORED_ASKS.lock().await;
     let markers = TempDir::new("gwheld-markers");
     let start = |port: u16| UpstreamServer::start(port, markers.path());
     let (_upstream, a, b) = at_two_replicas("gwheld", "market", start, "market_ask_flood").await;
@@ -399,6 +393,7 @@ async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
     let CallToolResponse::InputRequired(asked) = first else { panic!("input required: {first:?}") };
     let key = asked.input_requests.as_ref().and_then(|r| r.keys().next()).expect("a request").clone();
     let state = asked.request_state.clone().expect("a request state");
+    let round = format!("asks/toolyard-round-{}", state.split('.').next().expect("held id"));
 
     // The server logs "asked 1" once answered, at replica a, while replica b answers the round.
     let answering = Eliciting::default();
@@ -411,6 +406,10 @@ async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
         serde_json::to_value(&result.content).expect("content")[0]["text"].as_str().unwrap_or_default().to_owned();
     assert!(text.starts_with("answered 1; refused 0"), "{result:?}");
     assert!(answering.heard("asked 1").await, "the round at b hears the log message sent at a");
+    let alice = toolyard_api::OwnerKey::derive("kubernetes", "alice");
+    let mut stored = a.store.list(&alice, "asks/").await.expect("listing");
+    stored.retain(|o| o.path.starts_with(&round));
+    assert!(stored.is_empty(), "nothing of the held call stays: {stored:?}");
 }
 
 /// The conformance fixture server as the McpServer `fixtures` (callable by alice and bob) in a

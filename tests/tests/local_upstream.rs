@@ -959,8 +959,15 @@ async fn a_session_hears_an_upstream_servers_resource_updates() {
     .await
     .expect("the session's stream hears the server's update");
     assert_eq!(heard["params"]["uri"], uri, "{heard}");
+    let owner = toolyard_api::OwnerKey::derive("apikey", "local");
+    let sessions = setup._data.path().join("owners").join(owner.as_str()).join("sessions");
+    let stored = |folder: &std::path::Path| std::fs::read_dir(folder).map_or(0, Iterator::count);
+    let subscriptions = std::fs::read_dir(&sessions).expect("a session folder").flatten().next().expect("one");
+    let subscriptions = subscriptions.path().join("subscriptions");
+    assert_eq!(stored(&subscriptions), 1, "the subscription is stored");
     let unsubscribed = session.post(subscribe("resources/unsubscribe", uri)).await;
     assert_eq!(unsubscribed["result"], json!({}), "{unsubscribed}");
+    assert_eq!(stored(&subscriptions), 0, "unsubscribing deletes the subscription's file and its folder");
 
     // A 2026-07-28 client hears it through subscriptions/listen.
     let mut filter = SubscriptionFilter::new();

@@ -244,6 +244,9 @@ mod tests {
         async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> crate::Result<usize> {
             self.inner.delete_folder(owner, folder).await
         }
+        async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> crate::Result<()> {
+            self.inner.delete(owner, paths).await
+        }
         async fn expire(&self, before: jiff::Timestamp) -> crate::Result<usize> {
             self.inner.expire(before).await
         }

@@ -434,6 +434,9 @@ mod tests {
         async fn delete_folder(&self, _: &OwnerKey, _: &str) -> Result<usize> {
             unimplemented!("not used")
         }
+        async fn delete(&self, _: &OwnerKey, _: &[String]) -> Result<()> {
+            unimplemented!("not used")
+        }
         async fn expire(&self, _: jiff::Timestamp) -> Result<usize> {
             unimplemented!("not used")
         }

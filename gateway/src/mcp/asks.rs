@@ -97,7 +97,7 @@ impl Waiting<'_> {
                 error = &mut gone => return Err(error),
                 _ = look.tick() => match store.get(&self.owner, &path).await {
                     Ok(Some(bytes)) => {
-                        if let Err(e) = store.delete_folder(&self.owner, &format!("asks/{}/", self.id)).await {
+                        if let Err(e) = store.delete(&self.owner, &[path]).await {
                             tracing::warn!(error = %e, "deleting a stored answer failed");
                         }
                         return match serde_json::from_slice::<StoredAnswer>(&bytes) {

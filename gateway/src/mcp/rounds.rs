@@ -467,7 +467,7 @@ impl Rounds<'_> {
         match event {
             Ok(Event::Input(requests)) => Ok(input_required(requests, held, n + 1)),
             ended => {
-                if let Err(e) = self.store.delete_folder(self.owner, &format!("asks/{ROUND_PREFIX}{held}/")).await {
+                if let Err(e) = self.store.delete(self.owner, &[held_path(held)]).await {
                     tracing::warn!(error = %e, "deleting a held call's record failed");
                 }
                 match ended? {

@@ -122,8 +122,9 @@ fn subscriptions_folder(session: &Session) -> String {
     format!("sessions/{}/subscriptions/", session.0)
 }
 
-fn subscription_folder(session: &Session, uri: &str) -> String {
-    format!("{}{}/", subscriptions_folder(session), B64.encode(uri))
+/// The file that stands for `session`'s subscription to `uri`.
+fn subscription_path(session: &Session, uri: &str) -> String {
+    format!("{}{}/on", subscriptions_folder(session), B64.encode(uri))
 }
 
 /// Longest URI a session may subscribe to (it is stored in a storage path).
@@ -149,8 +150,7 @@ pub async fn subscribe(state: &AppState, owner: &OwnerKey, session: &Session, ur
         if let Some(reached) = state.calls.quota().check(owner).await.map_err(unavailable)? {
             return Err(ErrorData::invalid_request(reached, None));
         }
-        let path = format!("{}on", subscription_folder(session, uri));
-        store.put(owner, &path, Bytes::new()).await.map_err(unavailable)?;
+        store.put(owner, &subscription_path(session, uri), Bytes::new()).await.map_err(unavailable)?;
     }
     state.sessions.wake(session);
     Ok(())
@@ -158,7 +158,7 @@ pub async fn subscribe(state: &AppState, owner: &OwnerKey, session: &Session, ur
 
 /// Ends the subscription of `session` of `owner` to `uri` (none is no error).
 pub async fn unsubscribe(state: &AppState, owner: &OwnerKey, session: &Session, uri: &str) -> Result<(), ErrorData> {
-    state.store.delete_folder(owner, &subscription_folder(session, uri)).await.map_err(unavailable)?;
+    state.store.delete(owner, &[subscription_path(session, uri)]).await.map_err(unavailable)?;
     state.sessions.wake(session);
     Ok(())
 }

@@ -35,7 +35,7 @@ use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, linkat, unlinkat};
 use toolyard_api::OwnerKey;
 
-use super::{ArtifactStore, Chunk, ObjectInfo, owner_key_path};
+use super::{ArtifactStore, Chunk, ObjectInfo, file_key, owner_key_path};
 use crate::{Error, Result};
 
 /// Prefix of temporary files (hidden from listings).
@@ -356,6 +356,22 @@ impl Inner {
         Ok(removed)
     }
 
+    /// Removes the file `key` (a link there is removed, not followed), then its folder if that
+    /// leaves it empty. Nothing there is not an error.
+    fn delete_file(&self, key: &str) -> Result<()> {
+        let (folder, name) = split_key(key)?;
+        let (parent, last) = folder.rsplit_once('/').unwrap_or(("", folder));
+        let Some(above) = self.open_folder(parent, key, Missing::Absent)? else { return Ok(()) };
+        let Some(dir) = self.open_dir(above.as_fd(), last, key, Missing::Absent)? else { return Ok(()) };
+        match unlinkat(dir.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(io_error("deleting", &self.root.join(key), e.into())),
+        }
+        // Fails, and is meant to, while anything else is in the folder.
+        let _ = unlinkat(above.as_fd(), last, UnlinkatFlags::RemoveDir);
+        Ok(())
+    }
+
     /// Removes the folder `key` and everything in it (links inside are removed, never
     /// followed); returns how many files it held.
     fn delete_folder(&self, key: &str, owner_prefix: &str) -> Result<usize> {
@@ -407,15 +423,6 @@ fn split_key(key: &str) -> Result<(&str, &str)> {
     }
 }
 
-/// The storage key of a file (not a folder) at `path` of `owner`.
-fn file_key(owner: &OwnerKey, path: &str) -> Result<String> {
-    let key = owner_key_path(owner, path)?;
-    if key.ends_with('/') {
-        return Err(Error::InvalidRequest(format!("invalid storage path {path:?}")));
-    }
-    Ok(key)
-}
-
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> Error {
     Error::Storage(format!("{what} {}: {e}", path.display()))
 }
@@ -462,6 +469,11 @@ impl ArtifactStore for FsStore {
         }
         let owner_prefix = toolyard_api::storage::owner_prefix(owner);
         self.blocking(move |inner| inner.delete_folder(&key, &owner_prefix)).await
+    }
+
+    async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> Result<()> {
+        let keys = paths.iter().map(|path| file_key(owner, path)).collect::<Result<Vec<_>>>()?;
+        self.blocking(move |inner| keys.iter().try_for_each(|key| inner.delete_file(key))).await
     }
 
     async fn expire(&self, before: jiff::Timestamp) -> Result<usize> {
@@ -554,6 +566,34 @@ mod tests {
                 "calls/c10/input.json"
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn deleting_files_by_path_removes_the_folder_they_leave_empty_and_follows_no_link() {
+        let scratch = Scratch::new("delete");
+        let (store, owner) = scratch.store("root");
+        for file in ["asks/a1/answer.json", "asks/a2/answer.json", "asks/a2/other.json", "outside/kept.json"] {
+            store.put(&owner, file, Bytes::from_static(b"{}")).await.unwrap();
+        }
+        let owned = store.root().join(format!("owners/{owner}"));
+        // A link where a file is deleted goes itself; what it points to stays.
+        std::os::unix::fs::symlink(owned.join("outside/kept.json"), owned.join("asks/a3.json")).unwrap();
+        let paths = ["asks/a1/answer.json", "asks/a2/answer.json", "asks/gone/answer.json", "asks/a3.json"];
+        store.delete(&owner, &paths.map(String::from)).await.unwrap();
+        assert!(!owned.join("asks/a1").exists(), "the folder left empty is removed");
+        assert!(!owned.join("asks/a2/answer.json").exists());
+        assert!(owned.join("asks/a2/other.json").exists(), "a folder with other files stays");
+        assert!(std::fs::symlink_metadata(owned.join("asks/a3.json")).is_err(), "the link is removed");
+        assert!(owned.join("outside/kept.json").exists(), "the link was not followed");
+        // A link on the way to a file is refused; so are traversal and folders.
+        std::os::unix::fs::symlink(owned.join("outside"), owned.join("asks/via")).unwrap();
+        assert!(store.delete(&owner, &["asks/via/kept.json".into()]).await.is_err());
+        assert!(owned.join("outside/kept.json").exists());
+        for bad in ["../other/asks/a2/other.json", "asks/a2/"] {
+            let err = store.delete(&owner, &["asks/a2/other.json".into(), bad.into()]).await.unwrap_err();
+            assert!(matches!(err, Error::InvalidRequest(_)), "{bad}: {err}");
+        }
+        assert!(owned.join("asks/a2/other.json").exists(), "a bad path fails the call before anything is deleted");
     }
 
     #[tokio::test]

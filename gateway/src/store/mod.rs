@@ -62,6 +62,12 @@ pub trait ArtifactStore: Send + Sync + 'static {
     /// Deletes every object under a folder (relative to the owner's prefix, ending in '/');
     /// returns how many there were. Nothing there is not an error.
     async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> crate::Result<usize>;
+    /// Deletes the files at `paths` (relative to the owner's prefix), without listing
+    /// anything: exact on any server, whatever else is written or deleted meanwhile. A path
+    /// with nothing there is not an error; a path that is not valid fails the call before
+    /// anything is deleted. A folder a deleted file leaves empty goes too, where the store has
+    /// folders.
+    async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> crate::Result<()>;
     /// Has the store itself delete every owner's files `days` after they were written (an S3
     /// lifecycle rule); `Ok(false)` when it cannot, and the gateway deletes them with
     /// [`ArtifactStore::expire`] instead (see [`retention`]).
@@ -87,6 +93,15 @@ pub fn owner_key_path(owner: &OwnerKey, path: &str) -> crate::Result<String> {
         return Err(crate::Error::InvalidRequest(format!("invalid storage path {path:?}")));
     }
     Ok(format!("{}{path}", toolyard_api::storage::owner_prefix(owner)))
+}
+
+/// The storage key of a file (not a folder) at `path` of `owner` (see [`owner_key_path`]).
+pub fn file_key(owner: &OwnerKey, path: &str) -> crate::Result<String> {
+    let key = owner_key_path(owner, path)?;
+    if key.ends_with('/') {
+        return Err(crate::Error::InvalidRequest(format!("invalid storage path {path:?}")));
+    }
+    Ok(key)
 }
 
 #[cfg(test)]

@@ -296,6 +296,12 @@ impl ArtifactStore for S3Store {
         Ok(keys.len())
     }
 
+    /// One `DeleteObjects` request per 1,000 keys.
+    async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> Result<()> {
+        let keys = paths.iter().map(|path| super::file_key(owner, path)).collect::<Result<Vec<_>>>()?;
+        self.delete_keys(&keys, &toolyard_api::storage::owner_prefix(owner)).await
+    }
+
     /// Sets the bucket's lifecycle rule [`RETENTION_RULE`] (expire `owners/` after `days`),
     /// keeping the bucket's other rules. `Ok(false)` when the server does not support
     /// lifecycle rules or the credentials may not set them.
