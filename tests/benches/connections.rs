@@ -51,7 +51,7 @@ use rmcp::{ClientLifecycleMode, ClientServiceExt, RoleClient};
 use serde_json::json;
 use toolyard_tests::{TestEnv, User, repo_path};
 
-use procs::{Killed, ROLE, cpu_seconds, exit_when_stdin_closes, free_port, python_with_mcp, rss_bytes};
+use procs::{Killed, ROLE, cpu_seconds, env_number, exit_when_stdin_closes, free_port, python_with_mcp, rss_bytes};
 
 /// The allocator `toolyard-gateway` runs with (see its `main.rs`), for the gateway role.
 #[global_allocator]
@@ -71,10 +71,6 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(run_benchmark());
-}
-
-fn env_number(name: &str, default: f64) -> f64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// A 2026-07-28 client of `url`, with `token` if any.

@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use toolyard_tests::{TestEnv, User};
 
 use loadgen::{Answer, Connection, Endpoint};
-use procs::{ROLE, cpu_seconds, exit_when_stdin_closes};
+use procs::{ROLE, cpu_seconds, env_number, exit_when_stdin_closes};
 
 /// The allocator `toolyard-gateway` runs with (see its `main.rs`), for the gateway role.
 #[global_allocator]
@@ -63,10 +63,6 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     runtime.block_on(run_benchmark());
-}
-
-fn env_number(name: &str, default: f64) -> f64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// A `tools/call` of `price_option` with `x`.

@@ -114,3 +114,8 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     let mid = values.len() / 2;
     if values.len().is_multiple_of(2) { (values[mid - 1] + values[mid]) / 2.0 } else { values[mid] }
 }
+
+/// The number in environment variable `name`, else `default`.
+pub fn env_number(name: &str, default: f64) -> f64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
