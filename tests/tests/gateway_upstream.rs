@@ -7,7 +7,11 @@
 mod gateway_support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use gateway_support::{
     Gateway, Options, REPLICA, UPSTREAM_SECRET, apply_role, grant_platform, named_rule, user_subject,
@@ -18,8 +22,11 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use rmcp::ClientLifecycleMode;
 use rmcp::model::{CallToolRequestParams, CallToolResponse, ClientConfig, ProtocolVersion, ReadResourceRequestParams};
 use serde_json::{Value, json};
-use toolyard_api::McpServer;
 use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection, ConnectionState};
+use toolyard_api::{McpServer, OwnerKey};
+use toolyard_gateway::mcp::sessions::SUBSCRIPTIONS_RECHECK;
+use toolyard_gateway::store::{ArtifactStore, Chunk, ObjectInfo};
+use toolyard_tests::legacy::LegacySession;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::upstream::{ServerProcess, UpstreamServer, free_port};
 use toolyard_tests::{TestEnv, User, wait_until};
@@ -240,7 +247,7 @@ async fn post(url: &str, user: User, body: &Value) -> reqwest::Response {
 /// answer to the same id is never taken, and the stored answer is deleted once read.
 #[tokio::test]
 async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_another() {
-    let (_upstream, a, b) = fixtures_at_two_replicas("gwask").await;
+    let (_upstream, a, b) = fixtures_at_two_replicas("gwask", Options::default()).await;
 
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {"name": "fixtures_test_elicitation", "arguments": {"message": "Who are you?"}}});
@@ -285,7 +292,7 @@ async fn a_server_asks_the_caller_at_one_replica_and_the_answer_comes_through_an
 /// and nothing of the held call stays stored once it ended.
 #[tokio::test]
 async fn a_2026_callers_retry_reaches_the_call_held_at_another_replica() {
-    let (_upstream, a, b) = fixtures_at_two_replicas("gwround").await;
+    let (_upstream, a, b) = fixtures_at_two_replicas("gwround", Options::default()).await;
     /// A 2026-07-28 client of `user` at `gw` that can be asked to elicit.
     async fn modern(gw: &Gateway, user: User) -> rmcp::service::RunningService<rmcp::RoleClient, ClientConfig> {
         let mut capabilities = rmcp::model::ClientCapabilities::default();
@@ -384,7 +391,7 @@ impl Eliciting {
 async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
     let markers = TempDir::new("gwheld-markers");
     let start = |port: u16| UpstreamServer::start(port, markers.path());
-    let (_upstream, a, b) = at_two_replicas("gwheld", "market", start, "market_ask_flood").await;
+    let (_upstream, a, b) = at_two_replicas("gwheld", "market", start, "market_ask_flood", Options::default()).await;
     let call = || {
         CallToolRequestParams::new("market_ask_flood")
             .with_arguments(json!({"count": 1}).as_object().expect("object").clone())
@@ -412,13 +419,126 @@ async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
     assert!(stored.is_empty(), "nothing of the held call stays: {stored:?}");
 }
 
+/// A store that counts the listings of one folder and the reads of one file.
+struct Counting {
+    inner: Arc<dyn ArtifactStore>,
+    /// The folder and the file counted, once known.
+    watched: std::sync::Mutex<(String, String)>,
+    lists: AtomicUsize,
+    reads: AtomicUsize,
+}
+
+impl Counting {
+    fn watch(&self, folder: String, file: String) {
+        *self.watched.lock().expect("lock") = (folder, file);
+    }
+    fn counts(&self) -> (usize, usize) {
+        (self.lists.load(Ordering::SeqCst), self.reads.load(Ordering::SeqCst))
+    }
+}
+
+#[async_trait::async_trait]
+impl ArtifactStore for Counting {
+    async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> toolyard_gateway::Result<()> {
+        self.inner.put(owner, path, bytes).await
+    }
+    async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> toolyard_gateway::Result<bool> {
+        self.inner.create(owner, path, bytes).await
+    }
+    async fn get(&self, owner: &OwnerKey, path: &str) -> toolyard_gateway::Result<Option<Bytes>> {
+        if self.watched.lock().expect("lock").1 == path {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.get(owner, path).await
+    }
+    async fn get_range(
+        &self,
+        owner: &OwnerKey,
+        path: &str,
+        offset: u64,
+        len: u64,
+    ) -> toolyard_gateway::Result<Option<Chunk>> {
+        self.inner.get_range(owner, path, offset, len).await
+    }
+    async fn list(&self, owner: &OwnerKey, folder: &str) -> toolyard_gateway::Result<Vec<ObjectInfo>> {
+        if self.watched.lock().expect("lock").0 == folder {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.list(owner, folder).await
+    }
+    async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> toolyard_gateway::Result<usize> {
+        self.inner.delete_folder(owner, folder).await
+    }
+    async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> toolyard_gateway::Result<()> {
+        self.inner.delete(owner, paths).await
+    }
+    async fn expire(&self, before: jiff::Timestamp) -> toolyard_gateway::Result<usize> {
+        self.inner.expire(before).await
+    }
+    async fn health(&self) -> toolyard_gateway::Result<()> {
+        self.inner.health().await
+    }
+}
+
+/// A 2025-era session subscribes through one replica while its GET stream is held by another:
+/// the stream takes the subscription up at its next recheck and hears the server's update.
+/// A recheck with nothing changed reads one small file (the subscriptions' version) and lists
+/// nothing.
+#[tokio::test]
+async fn a_session_subscription_made_at_one_replica_reaches_its_stream_at_another() {
+    let store = Arc::new(Counting {
+        inner: gateway_support::s3_store().await,
+        watched: Default::default(),
+        lists: AtomicUsize::new(0),
+        reads: AtomicUsize::new(0),
+    });
+    let options = Options { store: Some(store.clone()), ..Options::default() };
+    let (_upstream, a, b) = fixtures_at_two_replicas("gwsub", options).await;
+    let session = LegacySession::open(&a.mcp_url(), TestEnv::get().token(User::Alice)).await;
+    let id = session.id.split('.').next().expect("session id");
+    store.watch(format!("sessions/{id}/subscriptions/"), format!("sessions/{id}/version"));
+    let mut stream = session.at(&b.mcp_url()).stream().await;
+
+    // Nothing changed: each recheck reads the version and lists nothing.
+    let opened = store.counts();
+    tokio::time::sleep(SUBSCRIPTIONS_RECHECK * 2 + Duration::from_secs(1)).await;
+    let (lists, reads) = store.counts();
+    assert_eq!(lists, opened.0, "no listing while nothing changed");
+    assert!(reads >= opened.1 + 2, "a read of the version at each recheck: {reads} after {opened:?}");
+
+    let uri = "test://watched-resource";
+    let subscribe = json!({"jsonrpc": "2.0", "id": 2, "method": "resources/subscribe", "params": {"uri": uri}});
+    let subscribed = session.post(subscribe).await;
+    assert_eq!(subscribed["result"], json!({}), "{subscribed}");
+    let update = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "fixtures_update_watched_resource", "arguments": {}}});
+    // Replica b subscribes upstream at its next recheck; until then the updates reach nobody.
+    // (The fixture tells the update to the connection that called the tool: b's.)
+    let at_b = session.at(&b.mcp_url());
+    let heard = tokio::time::timeout(SUBSCRIPTIONS_RECHECK * 3, async {
+        loop {
+            let answered = at_b.post(update.clone()).await;
+            assert_eq!(answered["result"]["isError"], false, "{answered}");
+            if let Ok(heard) =
+                tokio::time::timeout(Duration::from_secs(2), stream.until("notifications/resources/updated")).await
+            {
+                return heard;
+            }
+        }
+    })
+    .await
+    .expect("the stream at b hears the update of the subscription made at a");
+    assert_eq!(heard["params"]["uri"], uri, "{heard}");
+    assert!(store.counts().0 > lists, "the moved version made the stream list the subscriptions");
+}
+
 /// The conformance fixture server as the McpServer `fixtures` (callable by alice and bob) in a
 /// new namespace named from `prefix`, served by two gateway replicas that both list its tools.
-async fn fixtures_at_two_replicas(prefix: &str) -> (ServerProcess, Gateway, Gateway) {
+async fn fixtures_at_two_replicas(prefix: &str, b: Options) -> (ServerProcess, Gateway, Gateway) {
     let start = |port: u16| {
         UpstreamServer::start_script("tests/fixtures/python/conformance_server.py", port, &[port.to_string()])
     };
-    at_two_replicas(prefix, "fixtures", start, "fixtures_test_elicitation").await
+    at_two_replicas(prefix, "fixtures", start, "fixtures_test_elicitation", b).await
 }
 
 /// The fixture server `start` starts, as the McpServer `name` (callable by alice and bob) in a
@@ -429,6 +549,7 @@ async fn at_two_replicas(
     name: &str,
     start: impl FnOnce(u16) -> ServerProcess,
     tool: &str,
+    b: Options,
 ) -> (ServerProcess, Gateway, Gateway) {
     let env = TestEnv::get();
     env.install_crds().await.expect("CRDs");
@@ -446,7 +567,7 @@ async fn at_two_replicas(
     let upstream = start(port);
     create_server(&ns, name, port, false).await;
     let a = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
-    let b = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let b = Gateway::start(std::slice::from_ref(&ns), b).await;
     for gw in [&a, &b] {
         wait_until(Duration::from_secs(60), "the fixture tools listed", || async {
             Ok(listed(&gw.client(User::Alice).await).await.contains(&tool.to_owned()))

@@ -16,8 +16,11 @@
 //!   upstream servers' resources ([`super::changes`]). A subscription is stored in the
 //!   caller's own storage
 //!   (`sessions/<session>/subscriptions/<URI, base64url>/on`), since the GET stream may be held
-//!   by another replica than the one the request reached; the stream reads them at once when
-//!   the request reached its own replica, and otherwise every [`SUBSCRIPTIONS_RECHECK`].
+//!   by another replica than the one the request reached, and each change writes a new
+//!   `sessions/<session>/version`. The stream reads the subscriptions at once when the
+//!   request reached its own replica; otherwise it reads the version every
+//!   [`SUBSCRIPTIONS_RECHECK`] (one small read, not a listing) and lists the subscriptions
+//!   when it moved.
 //!
 //! A session cannot be ended: with no record of it anywhere, none could be refused later, so
 //! `DELETE` is answered 405, as the transport allows. Its subscriptions stay stored until
@@ -122,6 +125,13 @@ fn subscriptions_folder(session: &Session) -> String {
     format!("sessions/{}/subscriptions/", session.0)
 }
 
+/// The file whose content changes whenever `session`'s subscriptions do (a new random value
+/// written after each change), read by the session's GET stream on another replica to tell
+/// whether to list them again.
+fn version_path(session: &Session) -> String {
+    format!("sessions/{}/version", session.0)
+}
+
 /// The file that stands for `session`'s subscription to `uri`.
 fn subscription_path(session: &Session, uri: &str) -> String {
     format!("{}{}/on", subscriptions_folder(session), B64.encode(uri))
@@ -151,16 +161,28 @@ pub async fn subscribe(state: &AppState, owner: &OwnerKey, session: &Session, ur
             return Err(ErrorData::invalid_request(reached, None));
         }
         store.put(owner, &subscription_path(session, uri), Bytes::new()).await.map_err(unavailable)?;
+        changed(store, owner, session).await?;
     }
     state.sessions.wake(session);
     Ok(())
 }
 
-/// Ends the subscription of `session` of `owner` to `uri` (none is no error).
+/// Ends the subscription of `session` of `owner` to `uri` (none is no error, and changes
+/// nothing).
 pub async fn unsubscribe(state: &AppState, owner: &OwnerKey, session: &Session, uri: &str) -> Result<(), ErrorData> {
-    state.store.delete(owner, &[subscription_path(session, uri)]).await.map_err(unavailable)?;
+    let store = state.store.as_ref();
+    if subscribed(store, owner, session).await.map_err(unavailable)?.iter().any(|u| u == uri) {
+        store.delete(owner, &[subscription_path(session, uri)]).await.map_err(unavailable)?;
+        changed(store, owner, session).await?;
+    }
     state.sessions.wake(session);
     Ok(())
+}
+
+/// Writes a new version of `session`'s subscriptions (after they changed).
+async fn changed(store: &dyn ArtifactStore, owner: &OwnerKey, session: &Session) -> Result<(), ErrorData> {
+    let version = Bytes::from(uuid::Uuid::new_v4().simple().to_string());
+    store.put(owner, &version_path(session), version).await.map_err(unavailable)
 }
 
 fn unavailable(e: crate::Error) -> ErrorData {
@@ -217,6 +239,8 @@ struct GetStream {
     owner: OwnerKey,
     held: Held,
     uris: Vec<String>,
+    /// The version of the subscriptions `uris` were read at (see [`read_version`]).
+    version: Option<Option<Bytes>>,
     feed: ChangeFeed,
     reread: tokio::time::Interval,
     _permit: StreamPermit,
@@ -241,11 +265,13 @@ impl GetStream {
         let wake = handler.state().sessions.hold(&session);
         let held = Held { handler: handler.clone(), session, wake };
         let owner = who.owner_key();
+        // The version first: a change made between the two reads is seen at the next recheck.
+        let version = read_version(handler.state(), &owner, &held.session).await;
         let uris = read_subscribed(handler.state(), &owner, &held.session).await;
         let feed = ChangeFeed::new(handler, who, scope, Wants { tools: true, prompts: true }, &uris).await;
         let start = tokio::time::Instant::now() + SUBSCRIPTIONS_RECHECK;
         let reread = tokio::time::interval_at(start, SUBSCRIPTIONS_RECHECK);
-        GetStream { handler: handler.clone(), owner, held, uris, feed, reread, _permit: permit }
+        GetStream { handler: handler.clone(), owner, held, uris, version, feed, reread, _permit: permit }
     }
 
     /// Waits for the next notifications (possibly none); `None` once the catalog is gone.
@@ -257,14 +283,31 @@ impl GetStream {
         };
         let notifications = match changed {
             Some(notifications) => notifications,
-            // The subscriptions again: a new one is watched from now on.
+            // The subscriptions again, when their version moved (or cannot be read): a new
+            // one is watched from now on. Then the task resources' updates.
             None => {
-                self.uris = read_subscribed(self.handler.state(), &self.owner, &self.held.session).await;
+                let state = self.handler.state();
+                let version = read_version(state, &self.owner, &self.held.session).await;
+                if version.is_none() || version != self.version {
+                    self.uris = read_subscribed(state, &self.owner, &self.held.session).await;
+                    self.version = version;
+                }
                 self.feed.updates(&self.uris).await
             }
         };
         Some((futures::stream::iter(notifications), self))
     }
+}
+
+/// The version of `session`'s subscriptions: `Some(None)` when they never changed, `None` when
+/// it cannot be read now (the stream lists them then).
+async fn read_version(state: &AppState, owner: &OwnerKey, session: &Session) -> Option<Option<Bytes>> {
+    state
+        .store
+        .get(owner, &version_path(session))
+        .await
+        .inspect_err(|e| tracing::warn!(error = %e, "reading the version of a session's subscriptions failed"))
+        .ok()
 }
 
 /// [`subscribed`], or none when they cannot be read now (the stream reads them again later).

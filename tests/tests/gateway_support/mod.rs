@@ -384,6 +384,8 @@ pub struct Options {
     pub shutdown_grace: Duration,
     /// Caps of the internal API.
     pub internal_limits: InternalLimits,
+    /// The store (default: the test S3 server's bucket, [`s3_store`]).
+    pub store: Option<Arc<dyn ArtifactStore>>,
 }
 
 impl Default for Options {
@@ -393,6 +395,7 @@ impl Default for Options {
             call_grace: Duration::from_secs(15),
             shutdown_grace: Duration::from_secs(30),
             internal_limits: InternalLimits::default(),
+            store: None,
         }
     }
 }
@@ -403,7 +406,10 @@ impl Gateway {
         let env = TestEnv::get();
         env.install_crds().await.expect("CRDs");
         let client = env.client(User::Gateway).await;
-        let store = s3_store().await;
+        let store = match &options.store {
+            Some(store) => Arc::clone(store),
+            None => s3_store().await,
+        };
         let background = CancellationToken::new();
         let tokens = ShutdownTokens::default();
         let ns = Namespaces::Only(namespaces.to_vec());
