@@ -74,6 +74,9 @@ pub fn assemble(
     if let Some(hub) = executor.progress_hub() {
         internal_state = internal_state.with_progress(hub);
     }
+    if let Some(records) = executor.records() {
+        internal_state = internal_state.with_event_logs(Arc::clone(records.event_logs()));
+    }
     let state = AppState::new(catalog, executor, store.clone(), authorizer, settings)
         .with_tasks(tasks.clone())
         .with_models(models.clone())

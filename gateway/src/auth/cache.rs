@@ -1,5 +1,5 @@
 //! A small bounded cache with per-entry time-to-live, for authentication and
-//! authorization decisions.
+//! authorization decisions, and other state that is cheap to find again.
 //!
 //! Keys are hashes or names, never tokens. When full, expired entries are dropped first;
 //! if it is still full the whole cache is cleared (decisions are cheap to redo, and an

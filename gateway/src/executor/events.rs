@@ -69,6 +69,7 @@ pub fn finished(result: &CallResult) -> Event {
 /// before its runner starts (whose `call_started` then comes second).
 pub async fn store_start(
     store: &dyn ArtifactStore,
+    logs: &events::EventLogs,
     owner: &OwnerKey,
     request: &CallRequest,
     input: bytes::Bytes,
@@ -77,7 +78,9 @@ pub async fn store_start(
     let log = events::segment(&[accepted(request)]);
     let (input_path, log_path) =
         (super::pool::call_file(id, toolyard_api::storage::CallFile::Input), segment_path(id, 1));
+    let bytes = log.len() as u64;
     tokio::try_join!(store.put(owner, &input_path, input), store.put(owner, &log_path, log))?;
+    logs.started(owner, &folder(id), bytes);
     Ok(())
 }
 
@@ -96,9 +99,15 @@ pub fn pool_log(request: &CallRequest, progress: Vec<Event>, result: &CallResult
 
 /// Appends `events` to call `id`'s log (the gateway's own events: not bounded by the runner's
 /// event budget, so a log that a chatty function filled still ends with `call_finished`).
-pub async fn append(store: &dyn ArtifactStore, owner: &OwnerKey, id: &str, events: &[Event]) -> crate::Result<()> {
-    let appended =
-        events::append(store, owner, &folder(id), |n| segment_path(id, n), events::segment(events), u64::MAX).await;
+pub async fn append(
+    store: &dyn ArtifactStore,
+    logs: &events::EventLogs,
+    owner: &OwnerKey,
+    id: &str,
+    events: &[Event],
+) -> crate::Result<()> {
+    let segment = events::segment(events);
+    let appended = logs.append(store, owner, &folder(id), |n| segment_path(id, n), segment, u64::MAX).await;
     appended.map_err(|e| match e {
         events::AppendError::Store(e) => e,
         other => crate::Error::Internal(other.to_string()),

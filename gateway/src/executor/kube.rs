@@ -272,7 +272,8 @@ impl KubeExecutor {
 
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
         let size_bytes = i64::try_from(input.len()).unwrap_or(i64::MAX);
-        events::store_start(self.store.as_ref(), &owner, &request, Bytes::from(input)).await?;
+        events::store_start(self.store.as_ref(), self.records.event_logs(), &owner, &request, Bytes::from(input))
+            .await?;
 
         let (mut seen, _waiter) = self.waiters.register(&namespace, id.as_str());
         let object = tool_call_object(&request, &owner, self.running.replica(), size_bytes, timeout_seconds);

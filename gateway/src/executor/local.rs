@@ -258,7 +258,8 @@ impl LocalExecutor {
         let id = request.id.clone();
         let timeout = request.tool.timeout();
         let input = serde_json::to_vec(&request.arguments).map_err(|e| Error::Internal(e.to_string()))?;
-        events::store_start(self.store.as_ref(), &owner, &request, Bytes::from(input)).await?;
+        events::store_start(self.store.as_ref(), self.records.event_logs(), &owner, &request, Bytes::from(input))
+            .await?;
 
         let backstop = timeout + self.settings.kill_grace + BACKSTOP_SLACK;
         let claims = Claims {

@@ -28,6 +28,7 @@ use toolyard_api::OwnerKey;
 
 use super::{CallRequest, events};
 use crate::store::ArtifactStore;
+use crate::store::events::EventLogs;
 use crate::{Error, Result};
 
 /// Records being written at most at once; a call finding none free waits for one, so a slow
@@ -39,6 +40,7 @@ const MAX_PENDING_RECORDS: usize = 256;
 #[derive(Clone)]
 pub struct CallRecords {
     store: Arc<dyn ArtifactStore>,
+    logs: Arc<EventLogs>,
     pending: TaskTracker,
     room: Arc<Semaphore>,
 }
@@ -93,12 +95,18 @@ impl CallRecord {
 impl CallRecords {
     /// Records written to `store`.
     pub fn new(store: Arc<dyn ArtifactStore>) -> Self {
-        Self { store, pending: TaskTracker::new(), room: Arc::new(Semaphore::new(MAX_PENDING_RECORDS)) }
+        let room = Arc::new(Semaphore::new(MAX_PENDING_RECORDS));
+        Self { store, logs: Arc::default(), pending: TaskTracker::new(), room }
     }
 
     /// The store records are written to.
     pub fn store(&self) -> &dyn ArtifactStore {
         self.store.as_ref()
+    }
+
+    /// This process's appends to calls' event logs.
+    pub fn event_logs(&self) -> &Arc<EventLogs> {
+        &self.logs
     }
 
     /// Starts writing `record`; returns once it is queued (waiting while
@@ -116,10 +124,10 @@ impl CallRecords {
     /// rest of the log as it ran); returns once it is queued, as [`CallRecords::record`].
     pub async fn finished(&self, owner: OwnerKey, id: String, result: &CallResult) {
         let Ok(permit) = Arc::clone(&self.room).acquire_owned().await else { return };
-        let store = Arc::clone(&self.store);
+        let (store, logs) = (Arc::clone(&self.store), Arc::clone(&self.logs));
         let event = events::finished(result);
         self.pending.spawn(async move {
-            if let Err(e) = events::append(store.as_ref(), &owner, &id, &[event]).await {
+            if let Err(e) = events::append(store.as_ref(), &logs, &owner, &id, &[event]).await {
                 tracing::error!(error = %e, call = %id, "storing a call's call_finished event failed");
             }
             drop(permit);

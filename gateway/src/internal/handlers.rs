@@ -210,9 +210,9 @@ async fn append_events(
         return Err(ApiError::bad_request("no events in the body"));
     }
     let segment = events::segment(&parsed);
-    let _serialized = state.append_locks.lock(owner, folder).await;
+    let store = state.store.as_ref();
     let appended =
-        events::append(state.store.as_ref(), owner, folder, segment_path, segment, state.limits.run_event_bytes).await;
+        state.event_logs.append(store, owner, folder, segment_path, segment, state.limits.run_event_bytes).await;
     match appended {
         Ok(()) => Ok(parsed),
         Err(e @ AppendError::Full { .. }) => Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, e.to_string())),

@@ -42,7 +42,7 @@ use toolyard_api::token::SigningKey;
 use crate::executor::ResultRecorder;
 use crate::executor::events::ProgressHub;
 use crate::store::ArtifactStore;
-use crate::store::events::AppendLocks;
+use crate::store::events::EventLogs;
 
 pub use auth::RunClaims;
 pub use error::ApiError;
@@ -139,8 +139,9 @@ pub struct InternalState {
     pub tasks: Option<TaskApi>,
     /// Callers waiting for calls in this process: a call's progress events reach them here.
     pub progress: Option<Arc<ProgressHub>>,
-    /// Keeps this process's posts to one event log from racing for the same segment number.
-    append_locks: Arc<AppendLocks>,
+    /// This process's appends to event logs (shared with the executor's, see
+    /// [`InternalState::with_event_logs`]).
+    event_logs: Arc<EventLogs>,
 }
 
 impl std::fmt::Debug for InternalState {
@@ -159,13 +160,20 @@ impl InternalState {
             limits: InternalLimits::default(),
             tasks: None,
             progress: None,
-            append_locks: Arc::default(),
+            event_logs: Arc::default(),
         }
     }
 
     /// The same state passing calls' progress events to `hub`.
     pub fn with_progress(mut self, hub: Arc<ProgressHub>) -> Self {
         self.progress = Some(hub);
+        self
+    }
+
+    /// The same state appending to event logs through `logs`: the executor's, which appends
+    /// to the same logs, so that each knows the segments the other wrote.
+    pub fn with_event_logs(mut self, logs: Arc<EventLogs>) -> Self {
+        self.event_logs = logs;
         self
     }
 

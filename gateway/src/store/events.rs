@@ -3,37 +3,106 @@
 //! different replicas never overwrite each other's. A task's log and a direct call's log are
 //! written the same way, by runners through the internal API and by the gateway itself.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use toolyard_api::OwnerKey;
 use toolyard_api::protocol::Event;
 
 use super::ArtifactStore;
+use crate::auth::cache::TtlCache;
 
 /// Segment numbers tried by one append before giving up (each taken one means another writer
 /// stored a segment in between).
 const MAX_SEGMENT_ATTEMPTS: usize = 16;
 
-/// Serializes this process's appends to one log (chosen by a hash of owner and folder, over
-/// a fixed set of locks), which would otherwise all race for the same next number; appends to
-/// other logs mostly go on in parallel. Writers in other processes are kept apart by the
-/// create-only writes alone.
-#[derive(Debug)]
-pub struct AppendLocks([tokio::sync::Mutex<()>; 32]);
+/// Longest time this process keeps what it knows of a log's tail after its last append here.
+const TAIL_TTL: Duration = Duration::from_secs(600);
 
-impl Default for AppendLocks {
+/// Logs whose tails this process keeps at most (more, and they are all forgotten: the next
+/// append to each lists its log again).
+const MAX_TAILS: usize = 16_384;
+
+/// This process's appends to event logs.
+///
+/// - Appends to one log are serialized here (by a hash of owner and folder, over a fixed set
+///   of locks), since they would otherwise all race for the same next number; appends to
+///   other logs mostly go on in parallel. Writers in other processes are kept apart by the
+///   create-only writes alone.
+/// - The tail of each log this process wrote (its next number and the bytes it holds) is
+///   kept for a while, so that the next append here creates its segment at once, without
+///   listing the log. When another writer stored a segment meanwhile, that number is taken:
+///   the create fails, and the log is listed as if nothing were known. A log's segments are
+///   numbered without gaps (a writer takes the number after the highest it saw, or after the
+///   one it knows it wrote), so a free known number means that the known tail is the whole
+///   log, and its byte count is exact.
+#[derive(Debug)]
+pub struct EventLogs {
+    locks: [tokio::sync::Mutex<()>; 32],
+    tails: TtlCache<(OwnerKey, String), Tail>,
+}
+
+/// The end of a log: the number its next segment takes, and the bytes of those before it.
+#[derive(Clone, Copy, Debug)]
+struct Tail {
+    next: u32,
+    stored: u64,
+}
+
+impl Default for EventLogs {
     fn default() -> Self {
-        Self(std::array::from_fn(|_| tokio::sync::Mutex::new(())))
+        Self { locks: std::array::from_fn(|_| tokio::sync::Mutex::new(())), tails: TtlCache::new(MAX_TAILS) }
     }
 }
 
-impl AppendLocks {
+impl EventLogs {
     /// Holds the lock of `owner`'s log in `folder`.
-    pub async fn lock(&self, owner: &OwnerKey, folder: &str) -> tokio::sync::MutexGuard<'_, ()> {
+    async fn lock(&self, owner: &OwnerKey, folder: &str) -> tokio::sync::MutexGuard<'_, ()> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         (owner.as_str(), folder).hash(&mut hasher);
-        let slot = usize::try_from(hasher.finish() % self.0.len() as u64).unwrap_or(0);
-        self.0[slot].lock().await
+        let slot = usize::try_from(hasher.finish() % self.locks.len() as u64).unwrap_or(0);
+        self.locks[slot].lock().await
+    }
+
+    /// Records that `owner`'s log in `folder` was just created with one segment of `bytes`
+    /// (numbered 1) by this process.
+    pub fn started(&self, owner: &OwnerKey, folder: &str, bytes: u64) {
+        self.tails.insert((owner.clone(), folder.to_owned()), Tail { next: 2, stored: bytes }, TAIL_TTL);
+    }
+
+    /// Stores `segment` as the next segment of the log in `folder` (relative to the owner's
+    /// prefix, ending in `/`), at `segment_path(n)`: the number after the highest stored,
+    /// created only if no other writer took it meanwhile (then the one after). `limit` bounds
+    /// the log's total size.
+    pub async fn append(
+        &self,
+        store: &dyn ArtifactStore,
+        owner: &OwnerKey,
+        folder: &str,
+        segment_path: impl Fn(u32) -> String,
+        segment: Bytes,
+        limit: u64,
+    ) -> Result<(), AppendError> {
+        let _serialized = self.lock(owner, folder).await;
+        let key = (owner.clone(), folder.to_owned());
+        let size = segment.len() as u64;
+        let known = self.tails.get(&key);
+        if let Some(Tail { next, stored }) = known {
+            // The log holds at least what is known: full by that, full indeed.
+            if stored + size > limit {
+                return Err(AppendError::Full { stored, limit });
+            }
+            if store.create(owner, &segment_path(next), segment.clone()).await? {
+                let tail =
+                    Tail { next: next.checked_add(1).ok_or(AppendError::TooManySegments)?, stored: stored + size };
+                self.tails.insert(key, tail, TAIL_TTL);
+                return Ok(());
+            }
+        }
+        let tail = append_listed(store, owner, folder, segment_path, segment, limit).await?;
+        self.tails.insert(key, tail, TAIL_TTL);
+        Ok(())
     }
 }
 
@@ -73,28 +142,29 @@ pub fn segment_number(path: &str) -> Option<u32> {
     path.rsplit('/').next()?.strip_suffix(".jsonl")?.parse().ok()
 }
 
-/// Stores `segment` as the next segment of the log in `folder` (relative to the owner's
-/// prefix, ending in `/`), at `segment_path(n)`: the number after the highest stored, created
-/// only if no other writer took it meanwhile (then the one after). `limit` bounds the log's
-/// total size.
-pub async fn append(
+/// Stores `segment` as the next segment of the log in `folder`, after listing the log: at the
+/// number after the highest stored, created only if no other writer took it meanwhile (then
+/// the one after); the log's tail after it.
+async fn append_listed(
     store: &dyn ArtifactStore,
     owner: &OwnerKey,
     folder: &str,
     segment_path: impl Fn(u32) -> String,
     segment: Bytes,
     limit: u64,
-) -> Result<(), AppendError> {
+) -> Result<Tail, AppendError> {
     let existing = store.list(owner, folder).await?;
     let stored: u64 = existing.iter().map(|o| o.size).sum();
-    if stored + segment.len() as u64 > limit {
+    let size = segment.len() as u64;
+    if stored + size > limit {
         return Err(AppendError::Full { stored, limit });
     }
     let mut next = existing.iter().filter_map(|o| segment_number(&o.path)).max().unwrap_or(0);
     for _ in 0..MAX_SEGMENT_ATTEMPTS {
         next = next.checked_add(1).ok_or(AppendError::TooManySegments)?;
         if store.create(owner, &segment_path(next), segment.clone()).await? {
-            return Ok(());
+            let after = next.checked_add(1).ok_or(AppendError::TooManySegments)?;
+            return Ok(Tail { next: after, stored: stored + size });
         }
     }
     Err(crate::Error::Unavailable("the event segment numbers are contended; retry".into()).into())
@@ -124,4 +194,56 @@ pub async fn read_from(
         next = n + 1;
     }
     Ok((events, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::fs::FsStore;
+
+    fn path(n: u32) -> String {
+        format!("calls/c1/events/{n:06}.jsonl")
+    }
+
+    async fn numbers(store: &FsStore, owner: &OwnerKey) -> Vec<u32> {
+        let listed = store.list(owner, "calls/c1/events/").await.unwrap();
+        listed.iter().filter_map(|o| segment_number(&o.path)).collect()
+    }
+
+    /// A segment planted past the end (as no writer leaves one) shows whether an append
+    /// listed the log: a listing appends after it, a known tail does not.
+    #[tokio::test]
+    async fn a_known_tail_is_appended_to_without_listing_and_a_taken_number_lists_again() {
+        let dir = std::env::temp_dir().join(format!("toolyard-events-{}", std::process::id()));
+        let store = FsStore::new(&dir).unwrap();
+        let owner = OwnerKey::derive("local", "dev");
+        let (logs, folder) = (EventLogs::default(), "calls/c1/events/");
+        let line = || Bytes::from_static(b"{}\n");
+
+        // The log's start, written by this process: the next append takes 2 at once.
+        store.put(&owner, &path(1), line()).await.unwrap();
+        logs.started(&owner, folder, 3);
+        store.put(&owner, &path(9), line()).await.unwrap();
+        logs.append(&store, &owner, folder, path, line(), u64::MAX).await.unwrap();
+        assert_eq!(numbers(&store, &owner).await, [1, 2, 9], "no listing: 2 is taken, not 10");
+
+        // Another process's segment at the known number: this one lists and goes after all.
+        store.put(&owner, &path(3), line()).await.unwrap();
+        logs.append(&store, &owner, folder, path, line(), u64::MAX).await.unwrap();
+        assert_eq!(numbers(&store, &owner).await, [1, 2, 3, 9, 10]);
+        // And knows the tail again: 11, with a segment planted at 20.
+        store.put(&owner, &path(20), line()).await.unwrap();
+        logs.append(&store, &owner, folder, path, line(), u64::MAX).await.unwrap();
+        assert_eq!(numbers(&store, &owner).await, [1, 2, 3, 9, 10, 11, 20]);
+
+        // The bytes known bound the log: the 6 segments of 3 bytes it knew of (18), plus 3, are
+        // over 20.
+        let full = logs.append(&store, &owner, folder, path, line(), 20).await.unwrap_err();
+        assert!(matches!(full, AppendError::Full { stored: 18, limit: 20 }), "{full}");
+
+        // Another process that knows nothing lists, and appends after everything.
+        EventLogs::default().append(&store, &owner, folder, path, line(), u64::MAX).await.unwrap();
+        assert_eq!(numbers(&store, &owner).await, [1, 2, 3, 9, 10, 11, 20, 21]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
