@@ -20,6 +20,9 @@
 //! threads' time on a CPU, from `/proc`; the S3 server's pid from the test cluster's run
 //! folder).
 
+// Only its `s3_store`.
+#[path = "../tests/gateway_support/mod.rs"]
+mod gateway_support;
 #[path = "support/procs.rs"]
 mod procs;
 
@@ -32,9 +35,8 @@ use toolyard_api::OwnerKey;
 use toolyard_gateway::store::ArtifactStore;
 use toolyard_gateway::store::events::EventLogs;
 use toolyard_gateway::store::fs::FsStore;
-use toolyard_gateway::store::s3::{S3Settings, S3Store};
 use toolyard_tests::local::TempDir;
-use toolyard_tests::{TestEnv, random_suffix};
+use toolyard_tests::random_suffix;
 
 use procs::env_number;
 
@@ -89,22 +91,13 @@ where
 async fn main() {
     let sessions = env_number("TOOLYARD_BENCH_SESSIONS", 100.0) as usize;
     let files = env_number("TOOLYARD_BENCH_FILES", 10000.0) as usize;
-    let s3 = TestEnv::get().s3();
-    let settings = S3Settings {
-        endpoint: Some(s3.endpoint.clone()),
-        region: s3.region.clone(),
-        bucket: s3.bucket.clone(),
-        access_key: Some(s3.access_key.clone()),
-        secret_key: Some(s3.secret_key.clone()),
-        ..Default::default()
-    };
     let s3_pid = std::env::var("TOOLYARD_CLUSTER_RUN")
         .ok()
         .and_then(|run| std::fs::read_to_string(format!("{run}/pids/s3s-fs")).ok())
         .and_then(|pid| pid.trim().parse::<u32>().ok());
     let folder = TempDir::new("storage-listings");
     let stores: Vec<(&str, Arc<dyn ArtifactStore>, Option<u32>)> = vec![
-        ("S3 (s3s-fs)", Arc::new(S3Store::new(&settings).await.expect("S3 store")), s3_pid),
+        ("S3 (s3s-fs)", gateway_support::s3_store().await, s3_pid),
         ("folder store", Arc::new(FsStore::new(folder.path()).expect("folder store")), None),
     ];
     let owner = OwnerKey::derive("bench", &format!("storage-listings-{}", random_suffix(6)));
