@@ -214,8 +214,15 @@ mod tests {
     /// listed the log: a listing appends after it, a known tail does not.
     #[tokio::test]
     async fn a_known_tail_is_appended_to_without_listing_and_a_taken_number_lists_again() {
-        let dir = std::env::temp_dir().join(format!("toolyard-events-{}", std::process::id()));
-        let store = FsStore::new(&dir).unwrap();
+        /// Removes the test's folder, when the test fails too.
+        struct Cleanup(std::path::PathBuf);
+        impl Drop for Cleanup {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Cleanup(std::env::temp_dir().join(format!("toolyard-events-{}", std::process::id())));
+        let store = FsStore::new(&dir.0).unwrap();
         let owner = OwnerKey::derive("local", "dev");
         let (logs, folder) = (EventLogs::default(), "calls/c1/events/");
         let line = || Bytes::from_static(b"{}\n");
@@ -244,6 +251,5 @@ mod tests {
         // Another process that knows nothing lists, and appends after everything.
         EventLogs::default().append(&store, &owner, folder, path, line(), u64::MAX).await.unwrap();
         assert_eq!(numbers(&store, &owner).await, [1, 2, 3, 9, 10, 11, 20, 21]);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
