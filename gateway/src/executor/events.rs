@@ -123,7 +123,7 @@ pub async fn poll_progress(
     next: &mut u32,
     sender: &ProgressSender,
 ) -> crate::Result<()> {
-    let (events, after) = events::read_from(store, owner, &folder(id), *next).await?;
+    let (events, after) = events::read_from(store, owner, |n| segment_path(id, n), *next).await?;
     *next = after;
     if let Some(progress) = events.iter().rev().find_map(Progress::of_event) {
         sender.send_replace(Some(progress));

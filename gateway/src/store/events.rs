@@ -170,28 +170,23 @@ async fn append_listed(
     Err(crate::Error::Unavailable("the event segment numbers are contended; retry".into()).into())
 }
 
-/// The events of the segments in `folder` numbered `from` or higher, in order, and the number
-/// to read from next time. A segment that cannot be read back as JSON lines adds nothing.
+/// The events of the segments at `segment_path(n)` numbered `from` or higher, in order, and
+/// the number to read from next time. The segments are read one number after the other
+/// until one is missing (a log's segments are numbered without gaps, see [`EventLogs`]), so
+/// a log that did not move costs one read of a missing file, not a listing. A segment that
+/// cannot be read back as JSON lines adds nothing.
 pub async fn read_from(
     store: &dyn ArtifactStore,
     owner: &OwnerKey,
-    folder: &str,
+    segment_path: impl Fn(u32) -> String,
     from: u32,
 ) -> crate::Result<(Vec<Event>, u32)> {
-    let existing = store.list(owner, folder).await?;
-    let mut found: Vec<(u32, &str)> = existing
-        .iter()
-        .filter_map(|o| Some((segment_number(&o.path)?, o.path.as_str())))
-        .filter(|(n, _)| *n >= from)
-        .collect();
-    found.sort_unstable();
     let mut events = Vec::new();
     let mut next = from;
-    for (n, path) in found {
-        if let Some(bytes) = store.get(owner, path).await? {
-            events.extend(String::from_utf8_lossy(&bytes).lines().filter_map(|l| serde_json::from_str(l).ok()));
-        }
-        next = n + 1;
+    while let Some(bytes) = store.get(owner, &segment_path(next)).await? {
+        events.extend(String::from_utf8_lossy(&bytes).lines().filter_map(|l| serde_json::from_str(l).ok()));
+        let Some(after) = next.checked_add(1) else { break };
+        next = after;
     }
     Ok((events, next))
 }
@@ -210,18 +205,26 @@ mod tests {
         listed.iter().filter_map(|o| segment_number(&o.path)).collect()
     }
 
+    /// A test's folder, removed when the test ends (when it fails too).
+    struct Cleanup(std::path::PathBuf);
+
+    impl Cleanup {
+        fn new(name: &str) -> Self {
+            Self(std::env::temp_dir().join(format!("toolyard-events-{name}-{}", std::process::id())))
+        }
+    }
+
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     /// A segment planted past the end (as no writer leaves one) shows whether an append
     /// listed the log: a listing appends after it, a known tail does not.
     #[tokio::test]
     async fn a_known_tail_is_appended_to_without_listing_and_a_taken_number_lists_again() {
-        /// Removes the test's folder, when the test fails too.
-        struct Cleanup(std::path::PathBuf);
-        impl Drop for Cleanup {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        let dir = Cleanup(std::env::temp_dir().join(format!("toolyard-events-{}", std::process::id())));
+        let dir = Cleanup::new("tail");
         let store = FsStore::new(&dir.0).unwrap();
         let owner = OwnerKey::derive("local", "dev");
         let (logs, folder) = (EventLogs::default(), "calls/c1/events/");
@@ -251,5 +254,25 @@ mod tests {
         // Another process that knows nothing lists, and appends after everything.
         EventLogs::default().append(&store, &owner, folder, path, line(), u64::MAX).await.unwrap();
         assert_eq!(numbers(&store, &owner).await, [1, 2, 3, 9, 10, 11, 20, 21]);
+    }
+
+    #[tokio::test]
+    async fn a_log_is_read_from_a_number_on_until_its_first_missing_segment() {
+        let dir = Cleanup::new("read");
+        let store = FsStore::new(&dir.0).unwrap();
+        let owner = OwnerKey::derive("local", "dev");
+        let logs = EventLogs::default();
+        let event = |n: u32| Event { time: format!("t{n}"), type_: "call_progress".into(), data: n.into() };
+        for n in 1..=3 {
+            let segment = super::segment(&[event(n)]);
+            logs.append(&store, &owner, "calls/c1/events/", path, segment, u64::MAX).await.unwrap();
+        }
+        let data = |events: Vec<Event>| events.into_iter().map(|e| e.data).collect::<Vec<_>>();
+        let (events, next) = read_from(&store, &owner, path, 1).await.unwrap();
+        assert_eq!((data(events), next), (vec![1.into(), 2.into(), 3.into()], 4));
+        let (events, next) = read_from(&store, &owner, path, 2).await.unwrap();
+        assert_eq!((data(events), next), (vec![2.into(), 3.into()], 4));
+        let (events, next) = read_from(&store, &owner, path, 4).await.unwrap();
+        assert_eq!((data(events), next), (vec![], 4), "nothing new: read again from 4");
     }
 }
