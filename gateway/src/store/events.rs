@@ -86,24 +86,40 @@ impl EventLogs {
     ) -> Result<(), AppendError> {
         let _serialized = self.lock(owner, folder).await;
         let key = (owner.clone(), folder.to_owned());
-        let size = segment.len() as u64;
-        let known = self.tails.get(&key);
-        if let Some(Tail { next, stored }) = known {
-            // The log holds at least what is known: full by that, full indeed.
-            if stored + size > limit {
-                return Err(AppendError::Full { stored, limit });
-            }
-            if store.create(owner, &segment_path(next), segment.clone()).await? {
-                let tail =
-                    Tail { next: next.checked_add(1).ok_or(AppendError::TooManySegments)?, stored: stored + size };
-                self.tails.insert(key, tail, TAIL_TTL);
-                return Ok(());
-            }
-        }
-        let tail = append_listed(store, owner, folder, segment_path, segment, limit).await?;
+        // The log holds at least what is known of it: full by that, full indeed.
+        let known = match self.tails.get(&key) {
+            Some(tail) => create_at(store, owner, &segment_path, tail, &segment, limit).await?,
+            None => None,
+        };
+        let tail = match known {
+            Some(tail) => tail,
+            None => append_listed(store, owner, folder, &segment_path, &segment, limit).await?,
+        };
         self.tails.insert(key, tail, TAIL_TTL);
         Ok(())
     }
+}
+
+/// Creates `segment` as segment `at.next` of a log holding `at.stored` bytes, unless that
+/// takes the log past `limit`: the log's tail after it, or `None` when another writer took
+/// that number.
+async fn create_at(
+    store: &dyn ArtifactStore,
+    owner: &OwnerKey,
+    segment_path: impl Fn(u32) -> String,
+    at: Tail,
+    segment: &Bytes,
+    limit: u64,
+) -> Result<Option<Tail>, AppendError> {
+    let (stored, size) = (at.stored, segment.len() as u64);
+    if stored + size > limit {
+        return Err(AppendError::Full { stored, limit });
+    }
+    if !store.create(owner, &segment_path(at.next), segment.clone()).await? {
+        return Ok(None);
+    }
+    let next = at.next.checked_add(1).ok_or(AppendError::TooManySegments)?;
+    Ok(Some(Tail { next, stored: stored + size }))
 }
 
 /// Why an append stored nothing.
@@ -150,21 +166,16 @@ async fn append_listed(
     owner: &OwnerKey,
     folder: &str,
     segment_path: impl Fn(u32) -> String,
-    segment: Bytes,
+    segment: &Bytes,
     limit: u64,
 ) -> Result<Tail, AppendError> {
     let existing = store.list(owner, folder).await?;
     let stored: u64 = existing.iter().map(|o| o.size).sum();
-    let size = segment.len() as u64;
-    if stored + size > limit {
-        return Err(AppendError::Full { stored, limit });
-    }
     let mut next = existing.iter().filter_map(|o| segment_number(&o.path)).max().unwrap_or(0);
     for _ in 0..MAX_SEGMENT_ATTEMPTS {
         next = next.checked_add(1).ok_or(AppendError::TooManySegments)?;
-        if store.create(owner, &segment_path(next), segment.clone()).await? {
-            let after = next.checked_add(1).ok_or(AppendError::TooManySegments)?;
-            return Ok(Tail { next: after, stored: stored + size });
+        if let Some(tail) = create_at(store, owner, &segment_path, Tail { next, stored }, segment, limit).await? {
+            return Ok(tail);
         }
     }
     Err(crate::Error::Unavailable("the event segment numbers are contended; retry".into()).into())
@@ -195,6 +206,7 @@ pub async fn read_from(
 mod tests {
     use super::*;
     use crate::store::fs::FsStore;
+    use crate::store::fs::tests::Scratch;
 
     fn path(n: u32) -> String {
         format!("calls/c1/events/{n:06}.jsonl")
@@ -205,28 +217,12 @@ mod tests {
         listed.iter().filter_map(|o| segment_number(&o.path)).collect()
     }
 
-    /// A test's folder, removed when the test ends (when it fails too).
-    struct Cleanup(std::path::PathBuf);
-
-    impl Cleanup {
-        fn new(name: &str) -> Self {
-            Self(std::env::temp_dir().join(format!("toolyard-events-{name}-{}", std::process::id())))
-        }
-    }
-
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
     /// A segment planted past the end (as no writer leaves one) shows whether an append
     /// listed the log: a listing appends after it, a known tail does not.
     #[tokio::test]
     async fn a_known_tail_is_appended_to_without_listing_and_a_taken_number_lists_again() {
-        let dir = Cleanup::new("tail");
-        let store = FsStore::new(&dir.0).unwrap();
-        let owner = OwnerKey::derive("local", "dev");
+        let scratch = Scratch::new("events-tail");
+        let (store, owner) = scratch.store("s");
         let (logs, folder) = (EventLogs::default(), "calls/c1/events/");
         let line = || Bytes::from_static(b"{}\n");
 
@@ -258,9 +254,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_log_is_read_from_a_number_on_until_its_first_missing_segment() {
-        let dir = Cleanup::new("read");
-        let store = FsStore::new(&dir.0).unwrap();
-        let owner = OwnerKey::derive("local", "dev");
+        let scratch = Scratch::new("events-read");
+        let (store, owner) = scratch.store("s");
         let logs = EventLogs::default();
         let event = |n: u32| Event { time: format!("t{n}"), type_: "call_progress".into(), data: n.into() };
         for n in 1..=3 {

@@ -493,20 +493,20 @@ impl ArtifactStore for FsStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A folder of a test's own under the temporary folder, removed when dropped (when the
     /// test fails too).
-    struct Scratch(PathBuf);
+    pub(crate) struct Scratch(PathBuf);
 
     impl Scratch {
-        fn new(name: &str) -> Self {
+        pub(crate) fn new(name: &str) -> Self {
             Self(std::env::temp_dir().join(format!("toolyard-fs-{name}-{}", std::process::id())))
         }
 
         /// A store in subfolder `root`, and the owner the tests write as.
-        fn store(&self, root: &str) -> (FsStore, OwnerKey) {
+        pub(crate) fn store(&self, root: &str) -> (FsStore, OwnerKey) {
             (FsStore::new(self.0.join(root)).unwrap(), OwnerKey::derive("local", "dev"))
         }
     }
