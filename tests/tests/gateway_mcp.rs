@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gateway_support::{
-    Behaviour, FakePlatform, Gateway, Options, create_tool, delete_tool, grant_call, grant_platform, spec, toolcalls,
+    Behaviour, CountingStore, FakePlatform, Gateway, Options, create_tool, delete_tool, grant_call, grant_platform,
+    spec, toolcalls,
 };
 use kube::api::Api;
 use rmcp::ClientLifecycleMode;
@@ -19,7 +20,7 @@ use tokio::sync::Notify;
 use toolyard_api::agent::ToolOutcome;
 use toolyard_api::codingtask::{Budgets, ToolSelection};
 use toolyard_api::conditions::reason;
-use toolyard_api::protocol::CallResult;
+use toolyard_api::protocol::{CallResult, path};
 use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind};
 use toolyard_api::{OwnerKey, ToolCall};
@@ -1012,4 +1013,69 @@ async fn calls_and_tasks_at_the_storage_quota_are_refused() {
     assert!(tasks.list(&Default::default()).await.expect("list").items.is_empty(), "no CodingTask");
     let metrics = reqwest::get(format!("{}/metrics", gw.base)).await.expect("metrics").text().await.expect("text");
     assert!(metrics.contains("toolyard_gateway_admission_rejections_total{reason=\"storage_quota\"} 2"), "{metrics}");
+}
+
+/// A Job call's log is written by the executor (its first and last segments) and by the
+/// runner through the internal API (the rest). On one replica both share what they know of the
+/// log's tail, so no writer lists the log to find its next segment.
+#[tokio::test]
+async fn a_job_calls_log_is_written_by_executor_and_runner_without_listing_it() {
+    let ns = setup("gwlog", &[("held", "held", 300)]).await;
+    let store = Arc::new(CountingStore::new(gateway_support::s3_store().await));
+    let gw =
+        Gateway::start(std::slice::from_ref(&ns), Options { store: Some(store.clone()), ..Options::default() }).await;
+    let mut platform = FakePlatform::start(&ns, &gw.internal).await;
+    let release = Arc::new(Notify::new());
+    platform.set("held", Behaviour::HoldThenEcho(release.clone()));
+    let client = Arc::new(gw.client(User::Alice).await);
+    let call_task = {
+        let client = client.clone();
+        tokio::spawn(async move { client.call_tool(call("held", json!({"x": 1}))).await })
+    };
+    // The call's first segment (`call_accepted`) is stored before its ToolCall exists.
+    let seen = platform.next().await;
+    let id = seen.call.metadata.name.clone().expect("name");
+    let folder = format!("calls/{id}/events/");
+    store.watch(folder.clone(), String::new());
+    let claims = Claims {
+        kind: RunKind::Call,
+        ns: ns.clone(),
+        id: id.clone(),
+        owner: seen.call.spec.owner.clone(),
+        exp: k8s_openapi::jiff::Timestamp::now().as_second() + 600,
+    };
+    let token = gateway_support::signing_key().sign(&claims);
+    let http = reqwest::Client::new();
+    for batch in [
+        "{\"time\":\"2026-01-01T00:00:00Z\",\"type\":\"call_started\"}\n",
+        "{\"time\":\"2026-01-01T00:00:01Z\",\"type\":\"call_progress\",\"data\":{\"fraction\":0.5}}\n",
+    ] {
+        let posted = http
+            .post(format!("{}{}", gw.internal, path::events("calls", &id)))
+            .bearer_auth(&token)
+            .body(batch)
+            .send()
+            .await
+            .expect("events");
+        assert_eq!(posted.status(), reqwest::StatusCode::NO_CONTENT);
+    }
+    release.notify_one();
+    let answered = call_task.await.expect("join").expect("the call");
+    assert_eq!(answered.is_error, Some(false), "{}", text_of(&answered));
+
+    let owner = seen.call.spec.owner.key();
+    let last = format!("{folder}000004.jsonl");
+    wait_until(Duration::from_secs(10), "the call's call_finished", || async {
+        Ok(gw.store.get(&owner, &last).await?.is_some())
+    })
+    .await
+    .expect("the fourth segment");
+    let mut types = Vec::new();
+    for n in 1..=4 {
+        let segment = gw.store.get(&owner, &format!("{folder}{n:06}.jsonl")).await.expect("get").expect("segment");
+        let event: Value = serde_json::from_slice(segment.trim_ascii()).expect("one event");
+        types.push(event["type"].as_str().expect("type").to_owned());
+    }
+    assert_eq!(types, ["call_accepted", "call_started", "call_progress", "call_finished"]);
+    assert_eq!(store.counts().0, 0, "no writer of the log listed it");
 }

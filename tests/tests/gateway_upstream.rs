@@ -8,13 +8,10 @@ mod gateway_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-
 use gateway_support::{
-    Gateway, Options, REPLICA, UPSTREAM_SECRET, apply_role, grant_platform, named_rule, user_subject,
+    CountingStore, Gateway, Options, REPLICA, UPSTREAM_SECRET, apply_role, grant_platform, named_rule, user_subject,
 };
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -22,10 +19,9 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use rmcp::ClientLifecycleMode;
 use rmcp::model::{CallToolRequestParams, CallToolResponse, ClientConfig, ProtocolVersion, ReadResourceRequestParams};
 use serde_json::{Value, json};
+use toolyard_api::McpServer;
 use toolyard_api::mcpserver::{CREDENTIAL_LABEL, Connection, ConnectionState};
-use toolyard_api::{McpServer, OwnerKey};
 use toolyard_gateway::mcp::sessions::SUBSCRIPTIONS_RECHECK;
-use toolyard_gateway::store::{ArtifactStore, Chunk, ObjectInfo};
 use toolyard_tests::legacy::LegacySession;
 use toolyard_tests::local::TempDir;
 use toolyard_tests::upstream::{ServerProcess, UpstreamServer, free_port};
@@ -419,79 +415,13 @@ async fn a_held_calls_log_message_reaches_the_round_another_replica_answers() {
     assert!(stored.is_empty(), "nothing of the held call stays: {stored:?}");
 }
 
-/// A store that counts the listings of one folder and the reads of one file.
-struct Counting {
-    inner: Arc<dyn ArtifactStore>,
-    /// The folder and the file counted, once known.
-    watched: std::sync::Mutex<(String, String)>,
-    lists: AtomicUsize,
-    reads: AtomicUsize,
-}
-
-impl Counting {
-    fn watch(&self, folder: String, file: String) {
-        *self.watched.lock().expect("lock") = (folder, file);
-    }
-    fn counts(&self) -> (usize, usize) {
-        (self.lists.load(Ordering::SeqCst), self.reads.load(Ordering::SeqCst))
-    }
-}
-
-#[async_trait::async_trait]
-impl ArtifactStore for Counting {
-    async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> toolyard_gateway::Result<()> {
-        self.inner.put(owner, path, bytes).await
-    }
-    async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> toolyard_gateway::Result<bool> {
-        self.inner.create(owner, path, bytes).await
-    }
-    async fn get(&self, owner: &OwnerKey, path: &str) -> toolyard_gateway::Result<Option<Bytes>> {
-        if self.watched.lock().expect("lock").1 == path {
-            self.reads.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.get(owner, path).await
-    }
-    async fn get_range(
-        &self,
-        owner: &OwnerKey,
-        path: &str,
-        offset: u64,
-        len: u64,
-    ) -> toolyard_gateway::Result<Option<Chunk>> {
-        self.inner.get_range(owner, path, offset, len).await
-    }
-    async fn list(&self, owner: &OwnerKey, folder: &str) -> toolyard_gateway::Result<Vec<ObjectInfo>> {
-        if self.watched.lock().expect("lock").0 == folder {
-            self.lists.fetch_add(1, Ordering::SeqCst);
-        }
-        self.inner.list(owner, folder).await
-    }
-    async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> toolyard_gateway::Result<usize> {
-        self.inner.delete_folder(owner, folder).await
-    }
-    async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> toolyard_gateway::Result<()> {
-        self.inner.delete(owner, paths).await
-    }
-    async fn expire(&self, before: jiff::Timestamp) -> toolyard_gateway::Result<usize> {
-        self.inner.expire(before).await
-    }
-    async fn health(&self) -> toolyard_gateway::Result<()> {
-        self.inner.health().await
-    }
-}
-
 /// A 2025-era session subscribes through one replica while its GET stream is held by another:
 /// the stream takes the subscription up at its next recheck and hears the server's update.
 /// A recheck with nothing changed reads one small file (the subscriptions' version) and lists
 /// nothing.
 #[tokio::test]
 async fn a_session_subscription_made_at_one_replica_reaches_its_stream_at_another() {
-    let store = Arc::new(Counting {
-        inner: gateway_support::s3_store().await,
-        watched: Default::default(),
-        lists: AtomicUsize::new(0),
-        reads: AtomicUsize::new(0),
-    });
+    let store = Arc::new(CountingStore::new(gateway_support::s3_store().await));
     let options = Options { store: Some(store.clone()), ..Options::default() };
     let (_upstream, a, b) = fixtures_at_two_replicas("gwsub", options).await;
     let session = LegacySession::open(&a.mcp_url(), TestEnv::get().token(User::Alice)).await;

@@ -9,9 +9,11 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -29,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use toolyard_api::conditions;
 use toolyard_api::protocol::{CallErrorKind, CallResult, path};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
-use toolyard_api::{McpTool, ToolCall};
+use toolyard_api::{McpTool, OwnerKey, ToolCall};
 use toolyard_gateway::assemble::{Assembled, Backends, assemble};
 use toolyard_gateway::auth::config::AuthContext;
 use toolyard_gateway::auth::{AuthArgs, AuthMetrics};
@@ -43,8 +45,8 @@ use toolyard_gateway::metrics::Metrics;
 use toolyard_gateway::model::{ModelMetrics, ModelProfile, ModelProfiles, ModelProxy, ProxySettings};
 use toolyard_gateway::server::{self, Drain, Listener, ServerSettings, ShutdownTokens};
 use toolyard_gateway::state::{AppState, Settings};
-use toolyard_gateway::store::ArtifactStore;
 use toolyard_gateway::store::s3::S3Store;
+use toolyard_gateway::store::{ArtifactStore, Chunk, ObjectInfo};
 use toolyard_gateway::tasks::kube::KubeTasks;
 use toolyard_gateway::upstream::kube::{KubeDialer, StatusPatcher};
 use toolyard_gateway::upstream::{UpstreamArgs, Upstreams};
@@ -771,4 +773,72 @@ pub async fn post_raw(
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     (status, headers, response.text().await.unwrap_or_default())
+}
+
+/// A store that counts the listings of one folder and the reads of one file (both set by
+/// [`CountingStore::watch`] once known), and passes everything on to the store it wraps.
+pub struct CountingStore {
+    inner: Arc<dyn ArtifactStore>,
+    /// The folder and the file counted, once known.
+    watched: Mutex<(String, String)>,
+    lists: AtomicUsize,
+    reads: AtomicUsize,
+}
+
+impl CountingStore {
+    /// Wraps `inner`, watching nothing yet.
+    pub fn new(inner: Arc<dyn ArtifactStore>) -> Self {
+        Self { inner, watched: Mutex::default(), lists: AtomicUsize::new(0), reads: AtomicUsize::new(0) }
+    }
+    /// Counts from now on the listings of `folder` and the reads of `file`.
+    pub fn watch(&self, folder: String, file: String) {
+        *self.watched.lock().expect("lock") = (folder, file);
+    }
+    /// The listings and reads counted so far.
+    pub fn counts(&self) -> (usize, usize) {
+        (self.lists.load(Ordering::SeqCst), self.reads.load(Ordering::SeqCst))
+    }
+}
+
+#[async_trait::async_trait]
+impl ArtifactStore for CountingStore {
+    async fn put(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> toolyard_gateway::Result<()> {
+        self.inner.put(owner, path, bytes).await
+    }
+    async fn create(&self, owner: &OwnerKey, path: &str, bytes: Bytes) -> toolyard_gateway::Result<bool> {
+        self.inner.create(owner, path, bytes).await
+    }
+    async fn get(&self, owner: &OwnerKey, path: &str) -> toolyard_gateway::Result<Option<Bytes>> {
+        if self.watched.lock().expect("lock").1 == path {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.get(owner, path).await
+    }
+    async fn get_range(
+        &self,
+        owner: &OwnerKey,
+        path: &str,
+        offset: u64,
+        len: u64,
+    ) -> toolyard_gateway::Result<Option<Chunk>> {
+        self.inner.get_range(owner, path, offset, len).await
+    }
+    async fn list(&self, owner: &OwnerKey, folder: &str) -> toolyard_gateway::Result<Vec<ObjectInfo>> {
+        if self.watched.lock().expect("lock").0 == folder {
+            self.lists.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.list(owner, folder).await
+    }
+    async fn delete_folder(&self, owner: &OwnerKey, folder: &str) -> toolyard_gateway::Result<usize> {
+        self.inner.delete_folder(owner, folder).await
+    }
+    async fn delete(&self, owner: &OwnerKey, paths: &[String]) -> toolyard_gateway::Result<()> {
+        self.inner.delete(owner, paths).await
+    }
+    async fn expire(&self, before: jiff::Timestamp) -> toolyard_gateway::Result<usize> {
+        self.inner.expire(before).await
+    }
+    async fn health(&self) -> toolyard_gateway::Result<()> {
+        self.inner.health().await
+    }
 }
