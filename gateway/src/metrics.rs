@@ -119,6 +119,8 @@ pub enum Rejection {
     PoolBusy,
     /// The server is shutting down.
     ShuttingDown,
+    /// A listener's open connections at their cap: a new one closed before it was read.
+    Connections,
 }
 
 impl Rejection {
@@ -137,6 +139,7 @@ impl Rejection {
             Rejection::StorageQuota => "storage_quota",
             Rejection::PoolBusy => "pool_busy",
             Rejection::ShuttingDown => "shutting_down",
+            Rejection::Connections => "connections",
         }
     }
 }

@@ -202,6 +202,11 @@ pub struct LimitArgs {
     /// once (a busy error beyond).
     #[arg(long, env = "TOOLYARD_MAX_STREAMS_PER_USER", default_value_t = 16)]
     pub max_streams_per_user: usize,
+    /// Connections each listener holds open at once; one beyond it is closed before anything
+    /// is read, counted as a `connections` admission rejection. Each open connection holds
+    /// about 30 KiB.
+    #[arg(long, env = "TOOLYARD_MAX_CONNECTIONS", default_value_t = crate::server::DEFAULT_MAX_CONNECTIONS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections: usize,
     /// Largest request body in bytes (413 beyond).
     #[arg(long, env = "TOOLYARD_MAX_BODY_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -446,6 +451,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_header_bytes: args.limits.max_header_bytes,
         header_read_timeout: Duration::from_secs(args.limits.header_read_timeout_seconds),
         body_read_timeout: Duration::from_secs(args.limits.body_read_timeout_seconds),
+        max_connections: args.limits.max_connections,
+        metrics: Some(Arc::clone(&state.metrics)),
     };
     let result = crate::server::serve(listeners, &server, tokens).await;
     flushed.flush().await;

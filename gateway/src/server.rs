@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tower_http::timeout::{RequestBodyDeadline, TimeoutError};
 
 use crate::coarse_timer::CoarseTimer;
+use crate::metrics::{Metrics, Rejection};
 use crate::self_wake::RepollSelfWakes;
 use crate::tls::TlsConfig;
 
@@ -53,6 +54,13 @@ pub struct ServerSettings {
     pub header_read_timeout: Duration,
     /// Time a client has to send a request's whole body, counted from the end of its headers.
     pub body_read_timeout: Duration,
+    /// Connections each listener holds open at once. One accepted beyond it is closed at once,
+    /// before anything is read: each open connection holds about 30 KiB (hyper's buffers,
+    /// docs/benchmarks.md), so a client opening connections without end cannot exhaust the
+    /// replica's memory.
+    pub max_connections: usize,
+    /// Where refused connections are counted (`admission_rejections_total{reason="connections"}`).
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 impl Default for ServerSettings {
@@ -63,9 +71,17 @@ impl Default for ServerSettings {
             max_header_bytes: 64 * 1024,
             header_read_timeout: Duration::from_secs(30),
             body_read_timeout: Duration::from_secs(30),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            metrics: None,
         }
     }
 }
+
+/// How often at most a listener at its connection cap says so in the log.
+const REFUSAL_WARNING_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Default of [`ServerSettings::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 /// One listener and what it serves.
 pub struct Listener {
@@ -157,7 +173,13 @@ pub async fn serve(listeners: Vec<Listener>, settings: &ServerSettings, tokens: 
         tracing::info!(listener = name, %addr, tls = l.tls.is_some(), "listening");
         let socket = tokio::net::TcpListener::from_std(l.socket).context("listener socket")?;
         let service = RequestBodyDeadline::new(l.router, settings.body_read_timeout);
-        let served = Served { service, tls: l.tls, builder: Arc::clone(&builder) };
+        let served = Served {
+            service,
+            tls: l.tls,
+            builder: Arc::clone(&builder),
+            max_connections: settings.max_connections.max(1),
+            metrics: settings.metrics.clone(),
+        };
         tasks.spawn(async move { (name, accept_loop(name, socket, served, drain, grace).await) });
     }
 
@@ -202,6 +224,8 @@ struct Served {
     service: RequestBodyDeadline<Router>,
     tls: Option<TlsConfig>,
     builder: Arc<Builder<TokioExecutor>>,
+    max_connections: usize,
+    metrics: Option<Arc<Metrics>>,
 }
 
 /// Accepts connections until `drain` fires, then lets them finish their in-flight requests
@@ -216,6 +240,8 @@ async fn accept_loop(
     let served = Arc::new(served);
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
+    // Connections refused since the last warning, which comes at most once a minute.
+    let (mut refused, mut warned_at) = (0u64, None::<std::time::Instant>);
     loop {
         let stream = tokio::select! {
             biased;
@@ -232,6 +258,23 @@ async fn accept_loop(
                 }
             },
         };
+        if connections.len() >= served.max_connections {
+            drop(stream);
+            if let Some(metrics) = &served.metrics {
+                metrics.admission_rejected(Rejection::Connections);
+            }
+            refused += 1;
+            if warned_at.is_none_or(|at| at.elapsed() >= REFUSAL_WARNING_INTERVAL) {
+                tracing::warn!(
+                    listener = name,
+                    max_connections = served.max_connections,
+                    refused,
+                    "connection limit reached: new connections are closed until some end"
+                );
+                (refused, warned_at) = (0, Some(std::time::Instant::now()));
+            }
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         connections.spawn(serve_connection(stream, Arc::clone(&served), graceful.watcher(), drain.clone()));
     }
@@ -339,9 +382,13 @@ async fn termination_signal() {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::net::SocketAddr;
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
+    use tokio::task::JoinHandle;
+
+    use super::*;
 
     /// What the server sent until it closed the connection.
     async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
@@ -355,18 +402,25 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn slow_and_idle_clients_are_cut_off_after_the_header_read_timeout() {
+    /// A server with `settings` whose one listener answers `GET /` with `ok`: its address,
+    /// its tokens and its task.
+    fn start(settings: ServerSettings) -> (SocketAddr, ShutdownTokens, JoinHandle<anyhow::Result<()>>) {
         let socket = bind("public", "127.0.0.1:0").unwrap();
         let addr = socket.local_addr().unwrap();
         let router = Router::new().route("/", axum::routing::get(|| async { "ok" }));
         let listeners = vec![Listener { name: "public", socket, router, tls: None, drain: Drain::First }];
-        let settings = ServerSettings { header_read_timeout: Duration::from_secs(1), ..ServerSettings::default() };
         let tokens = ShutdownTokens::default();
         let server = tokio::spawn({
             let tokens = tokens.clone();
             async move { serve(listeners, &settings, tokens).await }
         });
+        (addr, tokens, server)
+    }
+
+    #[tokio::test]
+    async fn slow_and_idle_clients_are_cut_off_after_the_header_read_timeout() {
+        let (addr, tokens, server) =
+            start(ServerSettings { header_read_timeout: Duration::from_secs(1), ..ServerSettings::default() });
 
         // One client starts a request and never ends its headers; another sends one request and
         // then stays idle on the keep-alive connection.
@@ -385,5 +439,73 @@ mod tests {
 
         tokens.trigger.cancel();
         server.await.unwrap().unwrap();
+    }
+
+    /// A request on `stream` and its answer (the connection stays open).
+    async fn request(stream: &mut TcpStream) -> String {
+        stream.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.ends_with(b"ok") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed before the answer: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_connection_beyond_the_cap_is_closed_unread_and_counted_until_one_ends() {
+        let metrics = Arc::new(Metrics::new());
+        let settings =
+            ServerSettings { max_connections: 2, metrics: Some(Arc::clone(&metrics)), ..ServerSettings::default() };
+        let (addr, tokens, server) = start(settings);
+
+        // Two kept-alive connections fill the cap.
+        let mut first = TcpStream::connect(addr).await.unwrap();
+        let mut second = TcpStream::connect(addr).await.unwrap();
+        assert!(request(&mut first).await.starts_with("HTTP/1.1 200"));
+        assert!(request(&mut second).await.starts_with("HTTP/1.1 200"));
+
+        // A third is closed without an answer (a bound for a hang, not a speed check).
+        let bound = Duration::from_secs(30);
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let _ = third.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+        let got = tokio::time::timeout(bound, read_until_closed(&mut third)).await.expect("closed");
+        assert!(got.is_empty(), "nothing is answered beyond the cap: {}", String::from_utf8_lossy(&got));
+        let counted = "toolyard_gateway_admission_rejections_total{reason=\"connections\"} 1";
+        assert!(metrics.encode().contains(counted), "{}", metrics.encode());
+        // The two first are still served.
+        assert!(request(&mut first).await.starts_with("HTTP/1.1 200"));
+
+        // Once one ends, a new connection is served again.
+        drop(second);
+        let served = tokio::time::timeout(bound, async {
+            loop {
+                let mut next = TcpStream::connect(addr).await.unwrap();
+                if next.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.is_ok() {
+                    let got = read_some(&mut next).await;
+                    if !got.is_empty() {
+                        return got;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("a connection served once one ended");
+        assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+
+        tokens.trigger.cancel();
+        server.await.unwrap().unwrap();
+    }
+
+    /// What the server first sends on `stream`, or nothing if it closes it.
+    async fn read_some(stream: &mut TcpStream) -> String {
+        let mut buf = [0u8; 1024];
+        match stream.read(&mut buf).await {
+            Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+            Err(_) => String::new(),
+        }
     }
 }

@@ -375,6 +375,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     };
     let Assembled { state, public, internal } =
         assemble(backends, settings, InternalLimits::default(), metrics, &tokens);
+    let server_metrics = Arc::clone(&state.metrics);
 
     let mut listeners = vec![
         Listener { name: "public", socket: public_socket, router: public, tls: None, drain: Drain::First },
@@ -387,6 +388,7 @@ pub async fn start(args: LocalArgs) -> anyhow::Result<LocalGateway> {
     let server = ServerSettings {
         shutdown_grace: Duration::from_secs(5),
         body_read_timeout: Duration::from_secs(args.body_read_timeout_seconds),
+        metrics: Some(server_metrics),
         ..ServerSettings::default()
     };
     let serve_tokens = tokens.clone();
