@@ -16,6 +16,10 @@
 //!   the streams stay open; calls/s, p50 and p99 latency, the server's CPU per call, and calls
 //!   that failed (every answer is checked, and each listener's stream must still be open).
 //!
+//! With `--features dhat-heap`, the gateway runs on dhat's allocator instead, and writes what
+//! its heap holds once every listener's stream is open to `dhat-heap.json` (in the current
+//! folder; read it with dhat's viewer). The figures of such a run are not comparable.
+//!
 //! The gateway is the benches' `serve`-built gateway (`support/gateway_role.rs`: TokenReview
 //! and SubjectAccessReview with their caches, an executor that answers at once) serving one
 //! McpTool; the clients are alice, as one user standing in for many (the role lifts the
@@ -34,6 +38,7 @@ mod loadgen;
 #[path = "support/procs.rs"]
 mod procs;
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,10 +59,48 @@ use toolyard_tests::{TestEnv, User, repo_path};
 use procs::{Killed, ROLE, cpu_seconds, env_number, exit_when_stdin_closes, free_port, python_with_mcp, rss_bytes};
 
 /// The allocator `toolyard-gateway` runs with (see its `main.rs`), for the gateway role.
+#[cfg(not(feature = "dhat-heap"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[cfg(feature = "dhat-heap")]
+#[global_allocator]
+static ALLOCATOR: dhat::Alloc = dhat::Alloc;
+
+/// The gateway role's heap profile, with the `dhat-heap` feature: the role profiles its heap
+/// from the start and writes it when the bench creates the file [`HEAP_TRIGGER_VAR`] names; it then
+/// removes that file.
+#[cfg(feature = "dhat-heap")]
+mod heap_profile {
+    use std::path::{Path, PathBuf};
+    use std::time::Duration;
+
+    /// In the role: profiles from now on, and writes the profile when triggered.
+    pub fn start() {
+        let trigger = PathBuf::from(std::env::var(super::HEAP_TRIGGER_VAR).expect("trigger path"));
+        let profiler = dhat::Profiler::builder().trim_backtraces(Some(24)).build();
+        std::thread::spawn(move || {
+            while !trigger.exists() {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            drop(profiler);
+            std::fs::remove_file(&trigger).expect("remove the trigger");
+        });
+    }
+
+    /// In the bench: has the role write its profile now, and waits until it has.
+    pub async fn write(trigger: &Path) {
+        std::fs::write(trigger, b"").expect("trigger");
+        while trigger.exists() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!("the gateway's heap with its streams open is in dhat-heap.json");
+    }
+}
+
 const NAMESPACES_VAR: &str = "TOOLYARD_BENCH_NAMESPACES";
+/// The file whose creation has the gateway role write its heap profile (`dhat-heap` feature).
+const HEAP_TRIGGER_VAR: &str = "TOOLYARD_BENCH_HEAP_TRIGGER";
 /// Clients connecting at once while the load is set up.
 const CONNECT_CONCURRENCY: usize = 32;
 
@@ -66,6 +109,8 @@ type Client = RunningService<RoleClient, ClientConfig>;
 fn main() {
     if std::env::var_os(ROLE).is_some() {
         exit_when_stdin_closes();
+        #[cfg(feature = "dhat-heap")]
+        heap_profile::start();
         gateway_role::run(&std::env::var(NAMESPACES_VAR).expect("namespaces"), false);
         return;
     }
@@ -79,7 +124,11 @@ async fn connect(url: &str, token: Option<&str>) -> Client {
     if let Some(token) = token {
         config = config.auth_header(token.to_owned());
     }
-    let transport = StreamableHttpClientTransport::from_config(config);
+    // rmcp's default HTTP client keeps no idle connection (a new one per request); the Python
+    // SDK's httpx and the TypeScript SDK's fetch keep theirs, so each client here does too, and
+    // a caller holds its connection between calls.
+    let http = reqwest::Client::new();
+    let transport = StreamableHttpClientTransport::with_client(http, config);
     let mode = ClientLifecycleMode::Discover { preferred_versions: vec![ProtocolVersion::V_2026_07_28] };
     ClientConfig::default().serve_with_lifecycle(transport, mode).await.expect("MCP client connects")
 }
@@ -102,6 +151,14 @@ async fn call(client: &Client, x: f64) -> Option<Duration> {
     (result.is_error != Some(true) && answered == Some(&json!(x))).then(|| started.elapsed())
 }
 
+/// The sockets process `pid` has open (its connections among them).
+fn open_sockets(pid: u32) -> usize {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the server's fds");
+    fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
 /// One server's figures.
 struct Figures {
     per_connection_kib: f64,
@@ -116,7 +173,7 @@ struct Figures {
 }
 
 /// Loads the server at `url` (process `pid`) and measures it.
-async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Figures {
+async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize, heap_trigger: Option<&Path>) -> Figures {
     let listeners = clients / 3;
     let callers = clients - listeners;
     let warm = connect(url, token).await;
@@ -125,6 +182,7 @@ async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Fi
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = rss_bytes(pid);
+    let sockets_idle = open_sockets(pid);
 
     let connected: Vec<Client> = futures::stream::iter(0..callers)
         .map(|i| async move {
@@ -137,6 +195,9 @@ async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Fi
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let with_callers = rss_bytes(pid);
+    // The figure per connection means something only if the callers hold theirs.
+    let held = open_sockets(pid).saturating_sub(sockets_idle);
+    assert!(held >= callers, "{callers} callers hold only {held} connections to the server");
 
     let filter = SubscriptionFilter::builder().tools_list_changed().build();
     let listening: Vec<(Client, rmcp::service::Subscription)> = futures::stream::iter(0..listeners)
@@ -153,6 +214,12 @@ async fn measure(url: &str, token: Option<&str>, pid: u32, clients: usize) -> Fi
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let with_streams = rss_bytes(pid);
+    #[cfg(feature = "dhat-heap")]
+    if let Some(trigger) = heap_trigger {
+        heap_profile::write(trigger).await;
+    }
+    #[cfg(not(feature = "dhat-heap"))]
+    let _ = heap_trigger;
 
     let every = Duration::from_millis(env_number("TOOLYARD_BENCH_CALL_EVERY_MS", 2000.0) as u64);
     let seconds = Duration::from_secs_f64(env_number("TOOLYARD_BENCH_SECONDS", 20.0));
@@ -232,9 +299,13 @@ async fn run_benchmark() {
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("price-option")).await;
 
     let exe = std::env::current_exe().expect("exe");
-    let (gateway, addr) = procs::spawn_server(&exe, "gateway", &[(NAMESPACES_VAR, ns.as_str())]);
+    let heap_trigger = std::env::temp_dir().join(format!("toolyard-heap-trigger-{}", std::process::id()));
+    let trigger = heap_trigger.to_str().expect("a UTF-8 temp folder");
+    let (gateway, addr) =
+        procs::spawn_server(&exe, "gateway", &[(NAMESPACES_VAR, ns.as_str()), (HEAP_TRIGGER_VAR, trigger)]);
+    let url = format!("http://{addr}/mcp");
     let gateway_figures =
-        measure(&format!("http://{addr}/mcp"), Some(env.token(User::Alice)), gateway.0.id(), clients).await;
+        measure(&url, Some(env.token(User::Alice)), gateway.0.id(), clients, Some(&heap_trigger)).await;
     drop(gateway);
 
     let port = free_port();
@@ -254,7 +325,7 @@ async fn run_benchmark() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let python_figures = measure(&url, None, python.0.id(), clients).await;
+    let python_figures = measure(&url, None, python.0.id(), clients, None).await;
     drop(python);
     let namespaces: Api<Namespace> = Api::all(env.client(User::Admin).await);
     let _ = namespaces.delete(&ns, &DeleteParams::background()).await;
