@@ -295,7 +295,7 @@ async fn call(
     meta: RequestMetaObject,
     stop: &CancellationToken,
 ) -> Response {
-    let (out, mut messages) = mpsc::channel::<String>(CLIENT_MESSAGES);
+    let (out, messages) = mpsc::channel::<String>(CLIENT_MESSAGES);
     let cancel = CancellationToken::new();
     let request_id = serde_json::to_value(&id).unwrap_or(Value::Null);
     let task_handler = handler.clone();
@@ -326,17 +326,36 @@ async fn call(
         result
     })
     .catch_unwind();
-    let mut run = Detached::new(run, cancel);
-    let first = tokio::select! {
+    answer(Detached::new(run, cancel), messages, id, stop).await
+}
+
+/// Answers call `id` run by `run`, which sends the client `messages` on its way: in JSON when
+/// it ends with none sent, else on an SSE stream of those messages, then the answer.
+async fn answer<F>(
+    mut run: Detached<F>,
+    mut messages: mpsc::Receiver<String>,
+    id: RequestId,
+    stop: &CancellationToken,
+) -> Response
+where
+    F: Future<Output = std::thread::Result<Result<CallToolResult, ErrorData>>> + Send + 'static,
+{
+    let (first, stream) = tokio::select! {
         biased;
-        Some(message) = messages.recv() => message,
-        result = &mut run => return respond(call_answer(result), id),
+        Some(message) = messages.recv() => (message, ClientStream { run: Some(run), messages, id, answer: None }),
+        result = &mut run => {
+            let result = call_answer(result);
+            // The poll that ended the call may have sent messages too (an upstream server's log
+            // messages read with its answer): they go first.
+            let Ok(first) = messages.try_recv() else { return respond(result, id) };
+            let answer = Some(super::to_json(&answer_message(result, id.clone())));
+            (first, ClientStream { run: None, messages, id, answer })
+        }
         () = stop.cancelled() => {
             // `run` is dropped here: the call is cancelled and finishes in a task of its own.
             return (StatusCode::SERVICE_UNAVAILABLE, "the server is shutting down\n").into_response();
         }
     };
-    let stream = ClientStream { run: Some(run), messages, id, answer: None };
     let messages = futures::stream::once(std::future::ready(first))
         .chain(futures::stream::unfold(stream, ClientStream::next))
         .take_until(stop.clone().cancelled_owned());
@@ -421,11 +440,7 @@ where
                 Some(message) = self.messages.recv() => return Some((message, self)),
                 result = run => {
                     self.run = None;
-                    let answer = answer_message(call_answer(result), self.id.clone());
-                    self.answer = Some(serde_json::to_string(&answer).unwrap_or_else(|e| {
-                        tracing::error!(error = %e, "serializing a JSON-RPC answer failed");
-                        String::new()
-                    }));
+                    self.answer = Some(super::to_json(&answer_message(call_answer(result), self.id.clone())));
                 }
             }
         }
@@ -641,6 +656,43 @@ mod tests {
                 serde_json::from_slice::<Value>(&expected).unwrap()
             );
         }
+    }
+
+    /// The messages a call sends its client in the poll that ends it (an upstream server's log
+    /// messages read with its answer) reach the client before the answer; a call that sends
+    /// none is answered in JSON.
+    #[tokio::test]
+    async fn messages_sent_by_the_poll_that_ends_a_call_come_before_its_answer() {
+        let answered = |sent: &'static [&'static str]| async move {
+            let (out, messages) = mpsc::channel(CLIENT_MESSAGES);
+            let run = async move {
+                for message in sent {
+                    out.send((*message).to_owned()).await.expect("queued");
+                }
+                Ok(Ok(CallToolResult::success(vec![])))
+            };
+            let response = answer(
+                Detached::new(run, CancellationToken::new()),
+                messages,
+                RequestId::Number(1),
+                &CancellationToken::new(),
+            )
+            .await;
+            let kind = response.headers()[CONTENT_TYPE].to_str().unwrap().to_owned();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            (kind, String::from_utf8(body.to_vec()).unwrap())
+        };
+
+        let (kind, body) = answered(&["{\"n\":1}", "{\"n\":2}"]).await;
+        assert_eq!(kind, "text/event-stream");
+        let events: Vec<&str> = body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+        assert_eq!(events.len(), 3, "{body}");
+        assert_eq!(events[..2], ["{\"n\":1}", "{\"n\":2}"]);
+        assert_eq!(serde_json::from_str::<Value>(events[2]).unwrap()["id"], 1, "the answer comes last");
+
+        let (kind, body) = answered(&[]).await;
+        assert_eq!(kind, "application/json");
+        assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["id"], 1);
     }
 
     #[tokio::test]
