@@ -222,10 +222,10 @@ build_s3s() {
   rm -rf "$WORK/s3s-target"
 }
 
-# go_tool <name> <module> <version> <package> <why>: builds a Go program of the test harness
-# into $BIN/<name> (with <name>.version), unless that version is there already.
+# go_tool <name> <module> <version> <package> <why> [<build tags>]: builds a Go program of the
+# test harness into $BIN/<name> (with <name>.version), unless that version is there already.
 go_tool() {
-  local name=$1 module=$2 version=$3 package=$4 why=$5 d=$WORK/$1
+  local name=$1 module=$2 version=$3 package=$4 why=$5 tags=${6:-} d=$WORK/$1
   [[ -x $BIN/$name && $(cat "$BIN/$name.version" 2>/dev/null) == "$version" ]] && return 0
   need_go
   log "building $name $version ($why)"
@@ -234,7 +234,7 @@ go_tool() {
   go_proxy_check "$module@$version"
   go get -tool "$package@$version" >"$WORK/$name-get.log" 2>&1 \
     || die "go get -tool $package@$version failed: $(tail -n 5 "$WORK/$name-get.log")"
-  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$d/$name" "$package" || die "go build of $name failed"
+  CGO_ENABLED=0 go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$d/$name" "$package" || die "go build of $name failed"
   mv "$d/$name" "$BIN/$name"
   echo "$version" >"$BIN/$name.version"
 }
@@ -244,9 +244,11 @@ build_jaeger() {
     "the trace store of the tracing tests"
 }
 
+# Without Prometheus's service discoveries (`remove_all_sd`): `check rules` needs none of them, and
+# a cold build takes half the time (2 against 4.5 minutes on 2 cores).
 build_promtool() {
   go_tool promtool github.com/prometheus/prometheus "$PROMTOOL_VERSION" github.com/prometheus/prometheus/cmd/promtool \
-    "checks the chart's alerts"
+    "checks the chart's alerts" remove_all_sd
 }
 
 only=${1:-all}
