@@ -390,6 +390,9 @@ mod tests {
 
     use super::*;
 
+    /// The request the tests send (the connection stays open after it).
+    const GET: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
+
     /// What the server sent until it closed the connection.
     async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
         let mut got = Vec::new();
@@ -427,7 +430,7 @@ mod tests {
         let mut slow = TcpStream::connect(addr).await.unwrap();
         slow.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: 1\r\n").await.unwrap();
         let mut idle = TcpStream::connect(addr).await.unwrap();
-        idle.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
+        idle.write_all(GET).await.unwrap();
 
         // Bounds for a hang, not a speed check: the timeout is 1 s on a 1 s clock.
         let bound = Duration::from_secs(30);
@@ -443,7 +446,7 @@ mod tests {
 
     /// A request on `stream` and its answer (the connection stays open).
     async fn request(stream: &mut TcpStream) -> String {
-        stream.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.unwrap();
+        stream.write_all(GET).await.unwrap();
         let mut got = Vec::new();
         let mut buf = [0u8; 1024];
         while !got.ends_with(b"ok") {
@@ -470,7 +473,7 @@ mod tests {
         // A third is closed without an answer (a bound for a hang, not a speed check).
         let bound = Duration::from_secs(30);
         let mut third = TcpStream::connect(addr).await.unwrap();
-        let _ = third.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await;
+        let _ = third.write_all(GET).await;
         let got = tokio::time::timeout(bound, read_until_closed(&mut third)).await.expect("closed");
         assert!(got.is_empty(), "nothing is answered beyond the cap: {}", String::from_utf8_lossy(&got));
         let counted = "toolyard_gateway_admission_rejections_total{reason=\"connections\"} 1";
@@ -483,7 +486,7 @@ mod tests {
         let served = tokio::time::timeout(bound, async {
             loop {
                 let mut next = TcpStream::connect(addr).await.unwrap();
-                if next.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").await.is_ok() {
+                if next.write_all(GET).await.is_ok() {
                     let got = read_some(&mut next).await;
                     if !got.is_empty() {
                         return got;
