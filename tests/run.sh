@@ -182,10 +182,14 @@ elif ((CLUSTER_OK != 0)); then
   not_run "Rust tests" "the test cluster did not start"
 else
   suite "Rust tests" rust_tests
-  # cargo lists the failed targets after "error: N targets failed:".
+  # cargo lists the failed targets after "error: N targets failed:"; libtest names each failed
+  # test in the indented list that follows its last "failures:" line.
   while read -r target; do
     FAILED+=("    Rust test target $target")
   done < <(sed -n '/targets\{0,1\} failed:/,$p' "$LOGS/cargo-test.log" | grep -o '`[^`]*`' | tr -d '`')
+  while read -r test; do
+    FAILED+=("      $test")
+  done < <(awk '/^failures:$/ {listed = 1; next} listed && /^    [^ ]+$/ {print $1; next} {listed = 0}' "$LOGS/cargo-test.log")
 fi
 
 if [[ -f $TOOLYARD_CLUSTER_RUN/cgroup ]]; then

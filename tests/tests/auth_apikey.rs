@@ -2,7 +2,7 @@
 //! reloads, and the Kubernetes Secret source read from the real apiserver by the gateway's
 //! user with `get` on that one Secret only.
 
-mod auth_support;
+use crate::auth_support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

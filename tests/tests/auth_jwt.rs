@@ -2,7 +2,7 @@
 //! served over HTTP on 127.0.0.1 by the test): valid tokens, every kind of bad token,
 //! key rotation with refresh on an unknown `kid`, and the refresh rate limit.
 
-mod auth_support;
+use crate::auth_support;
 
 use std::sync::Arc;
 use std::time::Duration;

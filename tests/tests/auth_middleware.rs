@@ -3,7 +3,7 @@
 //! pointing at the metadata, RFC 6750 error codes, 403 for a missing scope, 503 when the
 //! identity provider cannot be reached, the identity reaching the handler and the token not.
 
-mod auth_support;
+use crate::auth_support;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! new pair keeps the old certificate in service. The gateway's server serves it; a real
 //! HTTPS client (reqwest trusting only the test CA) reads the certificate the server presents.
 
-mod auth_support;
+use crate::auth_support;
 
 use std::path::Path;
 use std::time::Duration;

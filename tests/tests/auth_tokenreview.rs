@@ -2,7 +2,7 @@
 //! client (the gateway's user) that may only `create tokenreviews` and read the cluster's
 //! ServiceAccount keys (`/openid/v1/jwks`), with which JWTs are checked before any review.
 
-mod auth_support;
+use crate::auth_support;
 
 use std::time::Duration;
 

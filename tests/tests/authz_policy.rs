@@ -2,7 +2,7 @@
 //! configuration: a matrix of users, groups and tools, coding tasks, default deny, and
 //! clear errors for malformed files.
 
-mod auth_support;
+use crate::auth_support;
 
 use clap::Parser;
 use toolyard_gateway::Identity;

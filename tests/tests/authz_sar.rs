@@ -3,7 +3,7 @@
 //! mapping of OIDC and API-key users; the decision cache and the one broad review.
 //! The reviewing client is the gateway's user with only `create subjectaccessreviews`.
 
-mod auth_support;
+use crate::auth_support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

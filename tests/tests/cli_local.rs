@@ -3,7 +3,7 @@
 //! malformed suites) and `check` (manifests, functions that drifted from their schemas, the
 //! gateway, a refused token).
 
-mod local_support;
+use crate::local_support;
 
 use serde_json::Value;
 use toolyard_tests::local::{self, CliRun, TempDir, toolyard};

@@ -5,8 +5,8 @@
 //! internal API as ToolCalls → more Jobs → results in the real S3 server. The model is the
 //! deterministic scripted server.
 
-mod coding_support;
-mod e2e_support;
+use crate::coding_support;
+use crate::e2e_support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! its Python harness, real tool processes, the local folder store, a real MCP client — and
 //! the deterministic scripted model server in place of an LLM.
 
-mod coding_support;
+use crate::coding_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -5,7 +5,7 @@
 //! `tests/conformance/expected-failures.yml` (and the README): one that starts passing, or a
 //! new failure, fails this test.
 
-mod local_support;
+use crate::local_support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! result fields left alone. A CodingTask naming an endpoint or a key Secret is refused by the
 //! apiserver with what to use instead.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use k8s_openapi::api::batch::v1::Job;

@@ -1,7 +1,7 @@
 //! Controller lifecycle: a killed controller picks up where it left off; with leader election
 //! only the Lease holder reconciles and writes; the ops endpoints answer.
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use k8s_openapi::api::batch::v1::Job;

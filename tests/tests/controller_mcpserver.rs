@@ -4,7 +4,7 @@
 //! `Ready` following its pods next to the gateways' connection entries, the schema's rules, a
 //! name that cannot name a Service, and the move to a `url` removing what ran.
 
-mod controller_support;
+use crate::controller_support;
 
 use std::time::Duration;
 

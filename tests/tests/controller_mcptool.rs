@@ -1,7 +1,7 @@
 //! McpTool readiness and warm pools against the real apiserver and the real Deployment and
 //! ReplicaSet controllers (pool pods are made ready through the pod status subresource).
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -4,7 +4,7 @@
 //! Services, status writes, deletion after retention, leader election. Any missing permission
 //! shows up as an API error; extra permissions are refused by SubjectAccessReviews.
 
-mod controller_support;
+use crate::controller_support;
 
 use std::process::Command;
 

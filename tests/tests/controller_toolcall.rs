@@ -2,7 +2,7 @@
 //! `Succeeded` condition, against the real apiserver and the real Job controller (pods are
 //! finished through the pod status subresource, as a kubelet would).
 
-mod controller_support;
+use crate::controller_support;
 
 use controller_support::*;
 use k8s_openapi::api::batch::v1::Job;

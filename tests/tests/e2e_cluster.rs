@@ -4,8 +4,8 @@
 //! images), which reads the input and writes the result through the gateway's internal API
 //! into the real S3 server.
 
-mod coding_support;
-mod e2e_support;
+use crate::coding_support;
+use crate::e2e_support;
 
 use std::time::Duration;
 

@@ -13,7 +13,7 @@
 //! (a coding agent's pod reaches the gateway and DNS, not its model endpoint: the gateway
 //! calls the model with the key only it holds).
 
-mod coding_support;
+use crate::coding_support;
 
 use std::path::PathBuf;
 use std::process::Stdio;

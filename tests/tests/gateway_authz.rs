@@ -3,7 +3,7 @@
 //! cluster-wide by a ClusterRoleBinding. In every cell the listed set equals the callable
 //! set, and a tool one may not call answers exactly like a tool that does not exist.
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::collections::BTreeSet;
 

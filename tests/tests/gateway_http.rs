@@ -1,7 +1,7 @@
 //! The gateway's HTTP surface with raw requests: bad input of every kind, authentication
 //! challenges, DNS-rebinding protection, the ops endpoints, and graceful shutdown.
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::sync::Arc;
 use std::time::Duration;

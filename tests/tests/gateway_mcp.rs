@@ -3,7 +3,7 @@
 //! files in the real S3 server, TokenReview authentication and SubjectAccessReview
 //! authorization with the test users' real tokens.
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! local processes — with a call token signed by the pool's derived key, and stores input,
 //! result and logs under the caller's prefix. No ToolCall is created for pool calls.
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::process::Stdio;
 

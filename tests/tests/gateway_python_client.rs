@@ -1,7 +1,7 @@
 //! The official Python MCP SDK (package `mcp`) as the client of the gateway, in both
 //! protocol eras: the `initialize` handshake (2025-11-25) and `server/discover` (2026-07-28).
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -10,7 +10,7 @@ use toolyard_gateway::store::{ArtifactStore, Chunk, ObjectInfo};
 use toolyard_tests::local::TempDir;
 use toolyard_tests::{TestEnv, random_suffix};
 
-mod gateway_support;
+use crate::gateway_support;
 
 /// A fresh owner per run, so runs against the shared bucket never see each other.
 fn owners() -> (OwnerKey, OwnerKey) {

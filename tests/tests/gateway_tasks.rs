@@ -3,7 +3,7 @@
 //! unwatched object; running tasks are counted from the same index, and a status change or a
 //! deletion shows in both.
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::ops::ControlFlow;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! status, through a server that goes away and comes back. The upstream is the official
 //! Python SDK's server (`tests/fixtures/python/upstream_server.py`).
 
-mod gateway_support;
+use crate::gateway_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -3,8 +3,8 @@
 //! a real MCP client (rmcp over Streamable HTTP) — the pricing example and the misbehaving
 //! fixture tools.
 
-mod coding_support;
-mod local_support;
+use crate::coding_support;
+use crate::local_support;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

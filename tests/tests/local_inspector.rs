@@ -4,7 +4,7 @@
 //! told that authentication is required. The authorization server's refusals are checked
 //! request by request.
 
-mod local_support;
+use crate::local_support;
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};

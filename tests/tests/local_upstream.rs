@@ -2,7 +2,7 @@
 //! SDK's server (`tests/fixtures/python/upstream_server.py`) behind the gateway, driven by a
 //! real MCP client (rmcp over Streamable HTTP).
 
-mod local_support;
+use crate::local_support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
