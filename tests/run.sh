@@ -173,8 +173,10 @@ else
 fi
 
 rust_tests() {
-  # --no-fail-fast runs every test target; the failed ones are named in the summary.
-  cargo test --workspace --quiet --no-fail-fast 2>&1 | tee "$LOGS/cargo-test.log"
+  # --no-fail-fast runs every test target; the failed ones are named in the summary. Three
+  # tests at a time on 2 CPUs: most integration tests wait on the cluster, and those that
+  # fill the node wait for it (toolyard_tests::claim_node) without holding up the others.
+  cargo test --workspace --quiet --no-fail-fast -- --test-threads=3 2>&1 | tee "$LOGS/cargo-test.log"
 }
 if ((BUILD_OK != 0)); then
   not_run "Rust tests" "the build failed"

@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, Config};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, Semaphore, SemaphorePermit};
 
 pub mod chart;
 pub mod fixtures;
@@ -27,6 +27,29 @@ pub mod model_server;
 pub mod s3;
 pub mod traces;
 pub mod upstream;
+
+/// How much of the node's capacity a test's pods take (see [`claim_node`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeShare {
+    /// Half: two such tests may run side by side.
+    Half,
+    /// All of it: the test runs alone on the node.
+    Whole,
+}
+
+/// Waits until the node has room for a test that fills it, and holds that room until the
+/// permit is dropped. The node has 2 CPUs and every pod requests some: tests that run many
+/// pods at once (a Helm release, bursts of Jobs, coding tasks) would leave each other's pods
+/// unschedulable if they ran together. The integration tests are one binary, so this is
+/// shared by every test; a test that runs a pod or two needs no claim.
+pub async fn claim_node(share: NodeShare) -> SemaphorePermit<'static> {
+    static NODE: Semaphore = Semaphore::const_new(2);
+    let permits = match share {
+        NodeShare::Half => 1,
+        NodeShare::Whole => 2,
+    };
+    NODE.acquire_many(permits).await.expect("the node's semaphore is never closed")
+}
 
 /// A static-token user of the test cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

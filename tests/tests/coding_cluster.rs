@@ -127,6 +127,7 @@ async fn start_task(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
+    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
     let model = ScriptedModel::start_on(TestEnv::get().host_ip(), MODEL_KEY, vec![]).await;
     let profiles = toolyard_tests::local::TempDir::new("profiles");
     let mut platform = start(&profiles, &[("scripted", &model.base_url(), MODEL_KEY)]).await;
@@ -367,6 +368,7 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_on_another_replica() {
+    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let dead = format!("http://{}:{port}/v1", TestEnv::get().host_ip());
     let own = ScriptedModel::start_on(

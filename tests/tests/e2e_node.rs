@@ -303,6 +303,7 @@ fn is_open(outcome: &Map<String, Value>, target: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
+    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Whole).await;
     let mut install = Install::start().await;
     let result = std::panic::AssertUnwindSafe(scenario(&mut install));
     let outcome = futures::FutureExt::catch_unwind(result).await;
@@ -348,16 +349,25 @@ async fn scenario(install: &mut Install) {
         quote["seconds"].as_f64().unwrap_or_default()
     );
 
-    traces(install).await;
     progress(install);
+    // `toolyard check` takes the S3 server and the controllers away for a while: alone.
     cli(install).await;
-    risk_with_pricing(install).await;
-    hardening(install).await;
-    mcp_server_in_the_cluster(install).await;
-    missing_image(install).await;
-    cancellation_kills_the_pod(install).await;
-    network_policies(install).await;
-    model_written_code_reaches_no_credential(install).await;
+    // The steps below use different tools and objects. Those that script the model (it has
+    // one script at a time) run one after another, beside the others.
+    let scripted = async {
+        risk_with_pricing(install).await;
+        network_policies(install).await;
+        model_written_code_reaches_no_credential(install).await;
+    };
+    let unscripted = async {
+        traces(install).await;
+        hardening(install).await;
+        mcp_server_in_the_cluster(install).await;
+        missing_image(install).await;
+        cancellation_kills_the_pod(install).await;
+    };
+    tokio::join!(scripted, unscripted);
+    // Deletes the leading controller pod: last, alone.
     coding_task_outlives_the_leading_controller(install).await;
 }
 
@@ -803,7 +813,7 @@ async fn cancellation_kills_the_pod(install: &Install) {
 }
 
 /// Every NetworkPolicy the chart renders, enforced on the node (kube-router).
-async fn network_policies(install: &mut Install) {
+async fn network_policies(install: &Install) {
     let env = TestEnv::get();
     let (ns, team) = (install.ns.clone(), install.team.clone());
     let release = install.release.clone();
