@@ -38,17 +38,47 @@ pub enum NodeShare {
 }
 
 /// Waits until the node has room for a test that fills it, and holds that room until the
-/// permit is dropped. The node has 2 CPUs and every pod requests some: tests that run many
+/// claim is dropped. The node has 2 CPUs and every pod requests some: tests that run many
 /// pods at once (a Helm release, bursts of Jobs, coding tasks) would leave each other's pods
 /// unschedulable if they ran together. The integration tests are one binary, so this is
 /// shared by every test; a test that runs a pod or two needs no claim.
-pub async fn claim_node(share: NodeShare) -> SemaphorePermit<'static> {
+pub async fn claim_node(share: NodeShare) -> NodeClaim {
     static NODE: Semaphore = Semaphore::const_new(2);
     let permits = match share {
         NodeShare::Half => 1,
         NodeShare::Whole => 2,
     };
-    NODE.acquire_many(permits).await.expect("the node's semaphore is never closed")
+    let permit = NODE.acquire_many(permits).await.expect("the node's semaphore is never closed");
+    NodeClaim { namespaces: Vec::new(), _permit: permit }
+}
+
+/// A test's room on the node (see [`claim_node`]).
+pub struct NodeClaim {
+    namespaces: Vec<String>,
+    // Dropped after `drop` below has emptied the namespaces.
+    _permit: SemaphorePermit<'static>,
+}
+
+impl NodeClaim {
+    /// Deletes `namespace`, and waits until it is gone, before the room is given back: the
+    /// pods a test leaves running (warm pools, servers) would hold the node's CPU for the
+    /// tests after it.
+    pub fn empty_at_end(&mut self, namespace: &str) {
+        self.namespaces.push(namespace.to_owned());
+    }
+}
+
+impl Drop for NodeClaim {
+    fn drop(&mut self) {
+        if self.namespaces.is_empty() {
+            return;
+        }
+        let mut args = vec!["delete", "namespace", "--timeout=180s"];
+        args.extend(self.namespaces.iter().map(String::as_str));
+        if let Err(e) = TestEnv::get().kubectl_as(User::Admin, &args) {
+            eprintln!("the node's room is given back with pods left on it: {e:#}");
+        }
+    }
 }
 
 /// A static-token user of the test cluster.

@@ -127,10 +127,12 @@ async fn start_task(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
-    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
+    let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
     let model = ScriptedModel::start_on(TestEnv::get().host_ip(), MODEL_KEY, vec![]).await;
     let profiles = toolyard_tests::local::TempDir::new("profiles");
     let mut platform = start(&profiles, &[("scripted", &model.base_url(), MODEL_KEY)]).await;
+    node.empty_at_end(&platform.ns);
+    node.empty_at_end(&platform.release_ns);
     let ns = platform.ns.clone();
     grant(&ns, "alice", &["scripted"]);
     grant(&ns, "bob", &["scripted"]);
@@ -368,7 +370,7 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_on_another_replica() {
-    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
+    let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let dead = format!("http://{}:{port}/v1", TestEnv::get().host_ip());
     let own = ScriptedModel::start_on(
@@ -380,6 +382,8 @@ async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_
     let profiles = toolyard_tests::local::TempDir::new("profiles");
     let mut platform =
         start(&profiles, &[("default", &dead, ""), ("working", &own.base_url(), "sk-working-key-0002")]).await;
+    node.empty_at_end(&platform.ns);
+    node.empty_at_end(&platform.release_ns);
     let ns = platform.ns.clone();
     grant(&ns, "alice", &["default", "working"]);
     grant(&ns, "bob", &["default"]);

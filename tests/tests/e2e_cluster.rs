@@ -31,8 +31,10 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tool_calls_run_as_jobs_through_the_whole_platform() {
-    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Whole).await;
+    let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Whole).await;
     let mut platform = Platform::start(&[]).await;
+    node.empty_at_end(&platform.ns);
+    node.empty_at_end(&platform.release_ns);
     platform.apply_tools("examples/pricing/tools.yaml").await;
     platform.apply_tools("tests/fixtures/misbehaving/tools.yaml").await;
     platform.apply_tools("tests/fixtures/echo/tools.yaml").await;

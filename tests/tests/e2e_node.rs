@@ -303,8 +303,10 @@ fn is_open(outcome: &Map<String, Value>, target: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
-    let _node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Whole).await;
+    let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Whole).await;
     let mut install = Install::start().await;
+    node.empty_at_end(&install.ns);
+    node.empty_at_end(&install.team);
     let result = std::panic::AssertUnwindSafe(scenario(&mut install));
     let outcome = futures::FutureExt::catch_unwind(result).await;
     if outcome.is_err() {
