@@ -4,7 +4,7 @@
 #   1. namespaces toolyard and team-a (restricted Pod Security enforced);
 #   2. the development S3 server (examples/kind/s3.yaml);
 #   3. `helm install toolyard charts/toolyard -n toolyard -f examples/kind/values.yaml`;
-#   4. the pricing tools in team-a, and a caller: ServiceAccount team-a/quant with the chart's
+#   4. the pricing tools and prompts in team-a, and a caller: ServiceAccount team-a/quant with the chart's
 #      tool-caller role;
 #   5. price_option through https://localhost:$PORT/mcp (kubectl port-forward), with the
 #      gateway's self-signed certificate and a token of that ServiceAccount.

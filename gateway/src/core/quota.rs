@@ -8,8 +8,8 @@
 //! same figure. Listing costs as much as the owner has stored (a request per 1,000 objects on
 //! S3), so it stays off the call path: a check uses the last figure, and one older than
 //! [`USAGE_TTL`] starts a measurement in the background that the checks after it will use.
-//! While an owner is below half the quota, a figure stays in use one more TTL per
-//! [`OBJECTS_PER_TTL`] files they have (at most [`MAX_TTL_SCALE`] TTLs), so that a long history
+//! While an owner is below half the quota, a figure stays in use one TTL per
+//! [`OBJECTS_PER_TTL`] files they have (at least one, at most [`MAX_TTL_SCALE`] TTLs), so that a long history
 //! is not listed again every 30 s: far from the quota, a later figure cannot let them pass it
 //! by much.
 //! Only an owner's first check (or the first after they deleted something through this
@@ -37,7 +37,7 @@ pub const OBJECTS_PER_TTL: usize = 10_000;
 pub const MAX_TTL_SCALE: u32 = 120;
 
 /// How long a figure of `bytes` in `objects` files stays in use: `ttl`, and while that is
-/// below half of `limit`, one more `ttl` per [`OBJECTS_PER_TTL`] files, up to
+/// below half of `limit`, one `ttl` per [`OBJECTS_PER_TTL`] files (at least one), up to
 /// [`MAX_TTL_SCALE`] of them.
 fn validity(ttl: Duration, limit: u64, bytes: u64, objects: usize) -> Duration {
     if bytes >= limit / 2 {
