@@ -212,3 +212,79 @@ async fn beyond_concurrency_and_queue_the_pool_answers_503_with_retry_after() {
     let long = busy_call.await.unwrap();
     assert_eq!(long.result.error.map(|e| e.kind), Some(CallErrorKind::TimedOut));
 }
+
+/// A pool is shared by every caller of its tool, so its queue is fair between the calls'
+/// owners (the owner the gateway signed into each call's token): a full queue makes room for
+/// a caller with fewer waiting calls by refusing the newest waiting call of the caller with
+/// the most, and the slot then goes to the waiting owners in turn. Without it, one user's
+/// calls filling the queue would get every other user's calls refused as busy.
+#[tokio::test]
+async fn a_full_queue_makes_room_for_another_owner_and_the_slot_takes_turns() {
+    // Each call waits for the file its arguments name (if any), then answers its label.
+    let script = "import json, os, sys, time\n\
+        args = json.load(sys.stdin)\n\
+        while args.get('until') and not os.path.exists(args['until']):\n    time.sleep(0.02)\n\
+        open(os.environ['TOOLYARD_RESULT_FILE'], 'w').write(json.dumps({'label': args['label']}))\n";
+    let pool = std::sync::Arc::new(
+        Pool::start(&["--concurrency", "1", "--queue", "2"], &[local::python(), "-c".into(), script.into()]).await,
+    );
+    let dir = local::TempDir::new("fair-queue");
+    let release = dir.path().join("release");
+    let send = |user: &'static str, id: &'static str, arguments: Value| {
+        let pool = std::sync::Arc::clone(&pool);
+        tokio::spawn(async move {
+            let body = json!({"id": id, "arguments": arguments, "timeoutMs": 60_000});
+            let owner = Owner { issuer: "https://issuer.example".into(), user: user.into(), groups: vec![] };
+            let token = pool_key().sign(&Claims {
+                kind: RunKind::Call,
+                ns: String::new(),
+                id: id.into(),
+                owner,
+                exp: now() + 600,
+            });
+            let (status, _, text) = pool.post(Some(&token), &body).await;
+            (status, text)
+        })
+    };
+    let load = |running: u64, waiting: u64| {
+        let pool = std::sync::Arc::clone(&pool);
+        async move {
+            toolyard_tests::wait_until(
+                Duration::from_secs(30),
+                &format!("{running} running, {waiting} waiting"),
+                || async {
+                    let ready: Value =
+                        pool.http.get(format!("{}{}", pool.base, pool::READY_PATH)).send().await?.json().await?;
+                    Ok(ready["running"] == running && ready["waiting"] == waiting)
+                },
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let hold = send("alice", "a-hold", json!({"label": "hold", "until": release}));
+    load(1, 0).await;
+    let a1 = send("alice", "a-1", json!({"label": "a1"}));
+    load(1, 1).await;
+    let a2 = send("alice", "a-2", json!({"label": "a2"}));
+    load(1, 2).await;
+    let (status, text) = send("alice", "a-3", json!({"label": "a3"})).await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "alice's own calls do not push each other out: {text}");
+
+    let b1 = send("bob", "b-1", json!({"label": "b1"}));
+    let (status, text) = tokio::time::timeout(Duration::from_secs(30), a2).await.expect("a2 is answered").unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "alice's newest waiting call gave its place to bob's: {text}");
+    assert!(text.contains("busy"), "{text}");
+    load(1, 2).await;
+    let (status, text) = send("bob", "b-2", json!({"label": "b2"})).await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "one waiting call each: bob's second is refused: {text}");
+
+    std::fs::write(&release, b"").unwrap();
+    for (call, label) in [(hold, "hold"), (a1, "a1"), (b1, "b1")] {
+        let (status, text) = call.await.unwrap();
+        assert_eq!(status, StatusCode::OK, "{label}: {text}");
+        let answer: PoolCallResponse = serde_json::from_str(&text).unwrap();
+        assert_eq!(answer.result.value, Some(json!({"label": label})), "{answer:?}");
+    }
+    load(0, 0).await;
+}

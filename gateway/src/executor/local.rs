@@ -216,6 +216,7 @@ impl LocalExecutor {
             traceparent: request.traceparent.as_deref(),
             progress: Some(&reporter),
             caller: caller.as_ref(),
+            owner: &owner,
         };
         let started = std::time::Instant::now();
         let limit = timeout + self.settings.kill_grace + Duration::from_secs(5);

@@ -2,8 +2,8 @@
 //! ([`crate::child::run_once`]), or, with reuse, one long-lived JSON-lines [`Worker`] per
 //! slot.
 //!
-//! At most `concurrency` calls run and `queue` wait ([`Admission`]); beyond that a call is
-//! refused at once ([`Refused::Busy`]). A reused worker that dies, hangs past a call's
+//! At most `concurrency` calls run and `queue` wait ([`Admission`], fair between the calls'
+//! owners); beyond that a call is refused at once ([`Refused::Busy`]). A reused worker that dies, hangs past a call's
 //! deadline or breaks the protocol is killed with its process group and replaced in the
 //! background while its slot stays taken; a slot whose worker could not start starts one
 //! when a call needs it. `toolyard-runner serve` puts a pool behind HTTP in a warm pod; the
@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 use tokio::sync::watch;
+use toolyard_api::OwnerKey;
 use toolyard_api::protocol::{CallErrorKind, CallResult};
 
-use crate::admission::{Admission, Admitted};
+use crate::admission::{Admission, Admitted, Load};
 use crate::capture::Captured;
 use crate::child::{self, RunSpec, StopReason, ToolCommand};
 use crate::progress::ProgressReporter;
@@ -69,6 +70,9 @@ pub struct PoolCall<'a> {
     pub progress: Option<&'a ProgressReporter>,
     /// The caller, for a tool with `callerIdentity: true`.
     pub caller: Option<&'a toolyard_api::Owner>,
+    /// Whose call this is, for every tool: waiting calls take turns by owner
+    /// ([`crate::admission`]). Never passed to the function.
+    pub owner: &'a OwnerKey,
 }
 
 /// What a call produced.
@@ -181,6 +185,11 @@ impl WorkerPool {
         }
     }
 
+    /// The calls running and waiting now.
+    pub fn load(&self) -> Load {
+        self.admission.load()
+    }
+
     /// Whether the workers are up.
     pub fn readiness(&self) -> Readiness {
         self.readiness.borrow().clone()
@@ -204,7 +213,7 @@ impl WorkerPool {
             return Err(Refused::Closed);
         }
         let arrived = Instant::now();
-        let admitted = match tokio::time::timeout(call.timeout, self.admission.admit()).await {
+        let admitted = match tokio::time::timeout(call.timeout, self.admission.admit(call.owner)).await {
             Ok(Some(admitted)) => admitted,
             Ok(None) => return Err(Refused::Busy),
             Err(_) => {
@@ -348,7 +357,11 @@ mod tests {
         }
     }
 
-    fn call<'a>(arguments: &'a Map<String, Value>) -> PoolCall<'a> {
+    fn owner() -> OwnerKey {
+        toolyard_api::Owner { issuer: "local".into(), user: "dev".into(), groups: vec![] }.key()
+    }
+
+    fn call<'a>(arguments: &'a Map<String, Value>, owner: &'a OwnerKey) -> PoolCall<'a> {
         PoolCall {
             id: "c1",
             arguments,
@@ -356,6 +369,7 @@ mod tests {
             traceparent: None,
             progress: None,
             caller: None,
+            owner,
         }
     }
 
@@ -365,8 +379,8 @@ mod tests {
         let pool = WorkerPool::new(settings(&["/bin/sh", "-c", script], false));
         assert_eq!(pool.readiness(), Readiness::Ready);
         pool.start().await;
-        let arguments = json!({"a": 1}).as_object().cloned().unwrap();
-        let output = pool.call(call(&arguments)).await.unwrap();
+        let (arguments, owner) = (json!({"a": 1}).as_object().cloned().unwrap(), owner());
+        let output = pool.call(call(&arguments, &owner)).await.unwrap();
         assert_eq!(output.result.value, Some(json!({"ok": true})), "{:?}", output.result);
         assert_eq!(output.stdout.bytes, b"hello\n");
     }
@@ -378,34 +392,34 @@ mod tests {
         pool.start().await;
         let error = pool.wait_started().await.unwrap_err();
         assert!(error.contains("first line was not protocol JSON"), "{error}");
-        let arguments = Map::new();
-        let output = pool.call(call(&arguments)).await.unwrap();
+        let (arguments, owner) = (Map::new(), owner());
+        let output = pool.call(call(&arguments, &owner)).await.unwrap();
         assert_eq!(output.result.error.map(|e| e.kind), Some(CallErrorKind::SpawnFailed), "a call tries again");
     }
 
     #[tokio::test]
     async fn a_full_pool_is_busy_and_a_closed_one_refuses_calls() {
         let pool = WorkerPool::new(settings(&["/bin/sh", "-c", "exit 0"], false));
-        let arguments = Map::new();
-        let held = pool.admission.admit().await.expect("the only slot");
-        assert_eq!(pool.call(call(&arguments)).await.unwrap_err(), Refused::Busy, "no slot and no queue");
+        let (arguments, owner) = (Map::new(), owner());
+        let held = pool.admission.admit(&owner).await.expect("the only slot");
+        assert_eq!(pool.call(call(&arguments, &owner)).await.unwrap_err(), Refused::Busy, "no slot and no queue");
         drop(held);
-        assert!(pool.call(call(&arguments)).await.is_ok(), "the slot is free again");
+        assert!(pool.call(call(&arguments, &owner)).await.is_ok(), "the slot is free again");
         pool.close();
-        assert_eq!(pool.call(call(&arguments)).await.unwrap_err(), Refused::Closed);
+        assert_eq!(pool.call(call(&arguments, &owner)).await.unwrap_err(), Refused::Closed);
     }
 
     #[tokio::test]
     async fn waiting_for_a_slot_counts_toward_the_deadline() {
         let pool = WorkerPool::new(PoolSettings { queue: 1, ..settings(&["/bin/sh", "-c", "exit 0"], false) });
-        let arguments = Map::new();
-        let held = pool.admission.admit().await.expect("the only slot");
-        let short = PoolCall { timeout: Duration::from_millis(200), ..call(&arguments) };
+        let (arguments, owner) = (Map::new(), owner());
+        let held = pool.admission.admit(&owner).await.expect("the only slot");
+        let short = PoolCall { timeout: Duration::from_millis(200), ..call(&arguments, &owner) };
         let output = pool.call(short).await.expect("queued, then timed out");
         let error = output.result.error.expect("an error result");
         assert_eq!(error.kind, CallErrorKind::TimedOut);
         assert!(error.message.contains("waiting for a free slot"), "{}", error.message);
         drop(held);
-        assert!(pool.call(call(&arguments)).await.is_ok(), "its place in the queue was given back");
+        assert!(pool.call(call(&arguments, &owner)).await.is_ok(), "its place in the queue was given back");
     }
 }

@@ -140,7 +140,7 @@ impl Worker {
 
     /// Runs one call; the worker must be dropped when the answer says it is not reusable.
     pub async fn call(&mut self, call: &crate::pool::PoolCall<'_>) -> WorkerCall {
-        let crate::pool::PoolCall { id, arguments, traceparent, caller, timeout, progress } = *call;
+        let crate::pool::PoolCall { id, arguments, traceparent, caller, timeout, progress, owner: _ } = *call;
         let started = Instant::now();
         let ms = move || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.stderr.take();

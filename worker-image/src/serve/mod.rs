@@ -121,7 +121,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn ready(State(server): State<Arc<Server>>) -> Response {
     match server.pool.readiness() {
-        Readiness::Ready => (StatusCode::OK, axum::Json(json!({"ready": true}))).into_response(),
+        Readiness::Ready => {
+            let load = server.pool.load();
+            let body = json!({"ready": true, "running": load.running, "waiting": load.waiting});
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
         Readiness::Starting => error_response(StatusCode::SERVICE_UNAVAILABLE, "workers are starting"),
         Readiness::Failed(error) => error_response(StatusCode::SERVICE_UNAVAILABLE, &error),
     }
@@ -139,9 +143,10 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
         Ok(r) => r,
         Err(e) => return error_response(StatusCode::BAD_REQUEST, &format!("the request is not a pool call: {e}")),
     };
-    if let Err((status, message)) = auth::check(&server.key, &headers, &request.id, now()) {
-        return error_response(status, &message);
-    }
+    let owner = match auth::check(&server.key, &headers, &request.id, now()) {
+        Ok(claims) => claims.owner.key(),
+        Err((status, message)) => return error_response(status, &message),
+    };
     if request.timeout_ms == 0 || request.timeout_ms > MAX_CALL_MS {
         return error_response(StatusCode::BAD_REQUEST, &format!("timeoutMs must be between 1 and {MAX_CALL_MS}"));
     }
@@ -160,6 +165,7 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
         traceparent: traceparent.as_deref(),
         progress: Some(&reporter),
         caller: request.caller.as_ref(),
+        owner: &owner,
     };
     let called = server.pool.call(call).instrument(span).await;
     let progress = progress.events();
