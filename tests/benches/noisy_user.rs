@@ -25,16 +25,18 @@
 mod gateway_role;
 #[path = "../tests/gateway_support/mod.rs"]
 mod gateway_support;
-// Its connection alone (the clients here pace themselves and sort answers three ways).
+// Its connection alone, through `paced`.
 #[path = "support/loadgen.rs"]
 #[allow(dead_code)]
 mod loadgen;
+#[path = "support/paced.rs"]
+mod paced;
 #[path = "support/procs.rs"]
 mod procs;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
@@ -42,7 +44,8 @@ use kube::api::DeleteParams;
 use serde_json::{Value, json};
 use toolyard_tests::{TestEnv, User};
 
-use loadgen::{Answer, Connection, Endpoint};
+use loadgen::{Answer, Endpoint};
+use paced::{Outcome, Tally, clients, join, quantile_ms, quantile_text};
 use procs::{ROLE, cpu_seconds, env_number, exit_when_stdin_closes};
 
 /// The allocator `toolyard-gateway` runs with (see its `main.rs`), for the gateway role.
@@ -73,17 +76,7 @@ fn call_body(x: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-/// What became of one request.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Outcome {
-    /// The right answer.
-    Answered,
-    /// Refused for the caller's limits: HTTP 429 or the "server busy" error.
-    Refused,
-    /// Anything else: a wrong answer, another error, a broken connection.
-    Failed,
-}
-
+/// Refused: HTTP 429 or the JSON-RPC "server busy" error.
 fn outcome(answer: std::io::Result<Answer>, x: u64) -> Outcome {
     let Ok(answer) = answer else { return Outcome::Failed };
     if answer.status == 429 {
@@ -104,89 +97,13 @@ fn outcome(answer: std::io::Result<Answer>, x: u64) -> Outcome {
     }
 }
 
-/// The latencies of each outcome, sorted.
-#[derive(Default)]
-struct Tally {
-    answered: Vec<Duration>,
-    refused: Vec<Duration>,
-    failed: u64,
-}
-
-impl Tally {
-    fn add(&mut self, other: Tally) {
-        self.answered.extend(other.answered);
-        self.refused.extend(other.refused);
-        self.failed += other.failed;
-    }
-
-    fn sort(&mut self) {
-        self.answered.sort();
-        self.refused.sort();
-    }
-}
-
-fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize].as_secs_f64() * 1000.0
-}
-
-/// Runs `clients` client threads until `stop`; each calls, then waits until `every` has passed
-/// since its last call began (`None`: calls again at once).
-fn clients(
-    endpoint: &Endpoint,
-    clients: usize,
-    every: Option<Duration>,
-    stop: &Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<Tally>> {
-    (0..clients)
-        .map(|c| {
-            let (endpoint, stop) = (endpoint.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut connection = Connection::new(endpoint);
-                let mut tally = Tally::default();
-                if let Some(every) = every {
-                    // Spread evenly over the interval.
-                    std::thread::sleep(every.mul_f64(c as f64 / clients as f64));
-                }
-                let mut x = (c as u64) << 32;
-                while !stop.load(Ordering::Relaxed) {
-                    x += 1;
-                    let started = Instant::now();
-                    let answer = connection.post(&call_body(x));
-                    let took = started.elapsed();
-                    match outcome(answer, x) {
-                        Outcome::Answered => tally.answered.push(took),
-                        Outcome::Refused => tally.refused.push(took),
-                        Outcome::Failed => tally.failed += 1,
-                    }
-                    if let Some(every) = every {
-                        std::thread::sleep(every.saturating_sub(started.elapsed()));
-                    }
-                }
-                tally
-            })
-        })
-        .collect()
-}
-
-fn join(threads: Vec<std::thread::JoinHandle<Tally>>) -> Tally {
-    let mut tally = Tally::default();
-    for thread in threads {
-        tally.add(thread.join().expect("client thread"));
-    }
-    tally.sort();
-    tally
-}
-
 /// One phase: bob's steady clients, with alice's `flood` clients if any, for `seconds`.
 /// Returns bob's tally, alice's, and the gateway's CPU seconds.
 fn phase(bob: &Endpoint, alice: &Endpoint, flood: usize, seconds: Duration, pid: u32) -> (Tally, Tally, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let cpu_before = cpu_seconds(pid);
-    let steady = clients(bob, STEADY_CLIENTS, Some(STEADY_EVERY), &stop);
-    let flooding = clients(alice, flood, None, &stop);
+    let steady = clients(vec![bob.clone(); STEADY_CLIENTS], Some(STEADY_EVERY), &stop, call_body, outcome);
+    let flooding = clients(vec![alice.clone(); flood], None, &stop, call_body, outcome);
     std::thread::sleep(seconds);
     stop.store(true, Ordering::Relaxed);
     let (bob, alice) = (join(steady), join(flooding));
@@ -254,7 +171,7 @@ async fn run_benchmark() {
     for (call_ms, alone, with_flood, flooding, cpu) in rows {
         let requests = (with_flood.answered.len() + flooding.answered.len() + flooding.refused.len()) as f64;
         println!(
-            "| {call_ms} ms | {:.2} / {:.2} ms | {:.2} / {:.2} ms | **{:.2}x** | {} | {:.0} | {:.0} | {:.2} ms | {} | {:.0} µs |",
+            "| {call_ms} ms | {:.2} / {:.2} ms | {:.2} / {:.2} ms | **{:.2}x** | {} | {:.0} | {:.0} | {} | {} | {:.0} µs |",
             quantile_ms(&alone.answered, 0.50),
             quantile_ms(&alone.answered, 0.99),
             quantile_ms(&with_flood.answered, 0.50),
@@ -263,7 +180,7 @@ async fn run_benchmark() {
             alone.failed + with_flood.failed,
             flooding.answered.len() as f64 / s,
             flooding.refused.len() as f64 / s,
-            quantile_ms(&flooding.refused, 0.99),
+            quantile_text(&flooding.refused, 0.99),
             flooding.failed,
             cpu * 1e6 / requests.max(1.0),
         );

@@ -25,6 +25,8 @@
 #[path = "support/loadgen.rs"]
 #[allow(dead_code)]
 mod loadgen;
+#[path = "support/paced.rs"]
+mod paced;
 #[path = "support/procs.rs"]
 mod procs;
 
@@ -33,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use toolyard_api::Owner;
@@ -41,7 +43,8 @@ use toolyard_api::protocol::pool::{self, PoolCallResponse};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_tests::local;
 
-use loadgen::{Connection, Endpoint};
+use loadgen::{Answer, Endpoint};
+use paced::{Outcome, Tally, clients, join, quantile_ms, quantile_text};
 use procs::env_number;
 
 /// Bob's clients, and the time between one client's calls.
@@ -100,96 +103,39 @@ fn endpoint(server: &Server, user: &str, id: &str) -> Endpoint {
     }
 }
 
-/// The latencies of each outcome, sorted.
-#[derive(Default)]
-struct Tally {
-    answered: Vec<Duration>,
-    /// HTTP 503: every slot and the queue busy, or its place in the queue given to another.
-    refused: Vec<Duration>,
-    failed: u64,
-}
-
-impl Tally {
-    fn add(&mut self, other: Tally) {
-        self.answered.extend(other.answered);
-        self.refused.extend(other.refused);
-        self.failed += other.failed;
+/// An answer of the pool: `{"slept": 0.01}`, or a refusal (HTTP 503).
+fn outcome(answer: std::io::Result<Answer>, _: u64) -> Outcome {
+    match answer {
+        Ok(a) if a.status == 503 => Outcome::Refused,
+        Ok(a)
+            if a.status == 200
+                && serde_json::from_slice::<PoolCallResponse>(&a.body)
+                    .is_ok_and(|r| r.result.value == Some(json!({"slept": CALL_SECONDS}))) =>
+        {
+            Outcome::Answered
+        }
+        _ => Outcome::Failed,
     }
 }
 
-fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
+/// `user`'s `count` clients: client `c` sends call `{user}-{c}` with its token.
+fn endpoints(server: &Server, user: &str, count: usize) -> Vec<Endpoint> {
+    (0..count).map(|c| endpoint(server, user, &format!("{user}-{c}"))).collect()
+}
+
+/// The request body of client `x >> 32` of `user`.
+fn body(user: &'static str) -> impl Fn(u64) -> Vec<u8> + Send + Sync + 'static {
+    move |x| {
+        let id = format!("{user}-{}", x >> 32);
+        json!({"id": id, "arguments": {"seconds": CALL_SECONDS}, "timeoutMs": 30_000}).to_string().into_bytes()
     }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize].as_secs_f64() * 1000.0
-}
-
-/// `quantile_ms` as table text: "—" when nothing was measured.
-fn quantile_text(sorted: &[Duration], q: f64) -> String {
-    if sorted.is_empty() { "—".into() } else { format!("{:.2} ms", quantile_ms(sorted, q)) }
-}
-
-/// Runs `clients` client threads of `user` until `stop`; each calls, then waits until `every`
-/// has passed since its last call began (`None`: calls again at once).
-fn clients(
-    server: &Server,
-    user: &str,
-    clients: usize,
-    every: Option<Duration>,
-    stop: &Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<Tally>> {
-    (0..clients)
-        .map(|c| {
-            let id = format!("{user}-{c}");
-            let (endpoint, stop) = (endpoint(server, user, &id), stop.clone());
-            let body = json!({"id": id, "arguments": {"seconds": CALL_SECONDS}, "timeoutMs": 30_000}).to_string();
-            std::thread::spawn(move || {
-                let mut connection = Connection::new(endpoint);
-                let mut tally = Tally::default();
-                if let Some(every) = every {
-                    // Spread evenly over the interval.
-                    std::thread::sleep(every.mul_f64(c as f64 / clients as f64));
-                }
-                while !stop.load(Ordering::Relaxed) {
-                    let started = Instant::now();
-                    let answer = connection.post(body.as_bytes());
-                    let took = started.elapsed();
-                    match answer {
-                        Ok(a) if a.status == 503 => tally.refused.push(took),
-                        Ok(a)
-                            if a.status == 200
-                                && serde_json::from_slice::<PoolCallResponse>(&a.body)
-                                    .is_ok_and(|r| r.result.value == Some(json!({"slept": CALL_SECONDS}))) =>
-                        {
-                            tally.answered.push(took)
-                        }
-                        _ => tally.failed += 1,
-                    }
-                    if let Some(every) = every {
-                        std::thread::sleep(every.saturating_sub(started.elapsed()));
-                    }
-                }
-                tally
-            })
-        })
-        .collect()
-}
-
-fn join(threads: Vec<std::thread::JoinHandle<Tally>>) -> Tally {
-    let mut tally = Tally::default();
-    for thread in threads {
-        tally.add(thread.join().expect("client thread"));
-    }
-    tally.answered.sort();
-    tally.refused.sort();
-    tally
 }
 
 /// One phase: bob's steady clients, with alice's `flood` clients if any, for `seconds`.
 fn phase(server: &Server, flood: usize, seconds: Duration) -> (Tally, Tally) {
     let stop = Arc::new(AtomicBool::new(false));
-    let steady = clients(server, "bob", STEADY_CLIENTS, Some(STEADY_EVERY), &stop);
-    let flooding = clients(server, "alice", flood, None, &stop);
+    let steady = clients(endpoints(server, "bob", STEADY_CLIENTS), Some(STEADY_EVERY), &stop, body("bob"), outcome);
+    let flooding = clients(endpoints(server, "alice", flood), None, &stop, body("alice"), outcome);
     std::thread::sleep(seconds);
     stop.store(true, Ordering::Relaxed);
     (join(steady), join(flooding))
