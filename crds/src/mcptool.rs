@@ -307,6 +307,8 @@ pub struct Pool {
     pub concurrency: i32,
     /// Calls one pod keeps waiting for a free slot; beyond them a call is refused as busy at
     /// once. Default: 8 × `concurrency`. A waiting call's time counts toward its deadline.
+    /// Waiting calls take turns by user, and a full queue makes room for a user with fewer
+    /// waiting calls by refusing the newest waiting call of the user with the most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 4096))]
     pub queue: Option<i32>,
