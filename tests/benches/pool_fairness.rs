@@ -59,27 +59,39 @@ fn key() -> SigningKey {
         .derive(&pool::key_purpose("", "bench"))
 }
 
-/// A `toolyard-runner serve` process, killed when dropped.
+/// A `toolyard-runner serve` process with a temporary folder of its own. It shuts down when
+/// its standard input closes (when this is dropped, or the bench ends however it ends),
+/// stopping its workers and removing their folders; the folder goes after it.
 struct Server {
     child: Child,
     addr: String,
+    _tmp: local::TempDir,
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        for _ in 0..200 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
 fn start(runner: &Path) -> Server {
+    let tmp = local::TempDir::new("pool-fairness");
     let mut child = Command::new(runner)
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--concurrency", "2", "--reuse", "--"])
-        .args([local::python().as_str(), "-m", "toolyard.run", "misbehaving:hang"])
+        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--concurrency", "2", "--reuse", "--exit-on-stdin-eof"])
+        .args(["--", local::python().as_str(), "-m", "toolyard.run", "misbehaving:hang"])
         .env(pool::env::KEY, key().to_hex())
         .env("PYTHONPATH", local::misbehaving_pythonpath())
         .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
+        .env("TMPDIR", tmp.path())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("starting {}: {e}", runner.display()));
@@ -87,7 +99,7 @@ fn start(runner: &Path) -> Server {
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("its stdout")).read_line(&mut line).expect("the first line");
     let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-    Server { addr: addr.to_owned(), child }
+    Server { addr: addr.to_owned(), child, _tmp: tmp }
 }
 
 /// The endpoint of one client of `user`: its call id's token in every request.

@@ -145,7 +145,7 @@ async fn progress_is_shown_and_a_timeout_can_be_expected() {
     let suite = data.path().join("timeouts.yaml");
     std::fs::write(
         &suite,
-        "tests:\n  - name: hang is cut off\n    call: hang\n    arguments: {seconds: 60}\n    timeout: 1\n    expect: {timeout: true}\n  - name: steps answers in time\n    call: steps\n    arguments: {n: 2, pause: 0.1}\n    timeout: 1\n    expect: {timeout: true}\n",
+        "tests:\n  - name: hang is cut off\n    call: hang\n    arguments: {seconds: 60}\n    timeout: 1\n    expect: {timeout: true}\n  - name: steps answers in time\n    call: steps\n    arguments: {n: 2, pause: 0.1}\n    timeout: 30\n    expect: {timeout: true}\n",
     )
     .unwrap();
     let run = toolyard(&url, TOKEN, &["test", suite.to_str().unwrap()]).await;
