@@ -35,7 +35,6 @@ struct Inner {
 #[derive(Debug, Default)]
 struct State {
     running: usize,
-    waiting: usize,
     /// Each caller's waiting calls, oldest first (no empty entry).
     queues: HashMap<OwnerKey, VecDeque<Waiter>>,
     /// The callers with waiting calls, in the order their turns come.
@@ -84,11 +83,11 @@ impl Admission {
     pub async fn admit(&self, caller: &OwnerKey) -> Option<Admitted> {
         let (id, decision) = {
             let mut state = self.inner.lock();
-            if state.running < self.inner.concurrency && state.waiting == 0 {
+            if state.running < self.inner.concurrency && state.queues.is_empty() {
                 state.running += 1;
                 return Some(Admitted { inner: Arc::clone(&self.inner) });
             }
-            if state.waiting >= self.inner.queue && !state.push_out_for(caller) {
+            if state.waiting() >= self.inner.queue && !state.push_out_for(caller) {
                 return None;
             }
             state.enqueue(caller)
@@ -102,7 +101,7 @@ impl Admission {
     /// The calls running and waiting now.
     pub fn load(&self) -> Load {
         let state = self.inner.lock();
-        Load { running: state.running, waiting: state.waiting }
+        Load { running: state.running, waiting: state.waiting() }
     }
 }
 
@@ -128,8 +127,11 @@ impl State {
             self.turns.push_back(caller.clone());
         }
         queue.push_back(Waiter { id, decision });
-        self.waiting += 1;
         (id, receiver)
+    }
+
+    fn waiting(&self) -> usize {
+        self.queues.values().map(VecDeque::len).sum()
     }
 
     /// Frees a place in the full queue for `caller`: refuses the newest waiting call of the
@@ -175,7 +177,6 @@ impl State {
     ) -> Option<Waiter> {
         let queue = self.queues.get_mut(caller)?;
         let waiter = take(queue)?;
-        self.waiting -= 1;
         if queue.is_empty() {
             self.queues.remove(caller);
             self.turns.retain(|c| c != caller);

@@ -3,11 +3,11 @@
 //! slot.
 //!
 //! At most `concurrency` calls run and `queue` wait ([`Admission`], fair between the calls'
-//! owners); beyond that a call is refused at once ([`Refused::Busy`]). A reused worker that dies, hangs past a call's
-//! deadline or breaks the protocol is killed with its process group and replaced in the
-//! background while its slot stays taken; a slot whose worker could not start starts one
-//! when a call needs it. `toolyard-runner serve` puts a pool behind HTTP in a warm pod; the
-//! gateway's local mode calls its pools in-process.
+//! owners); beyond that a call is refused at once ([`Refused::Busy`]). A reused worker that
+//! dies, hangs past a call's deadline or breaks the protocol is killed with its process group
+//! and replaced in the background while its slot stays taken; a slot whose worker could not
+//! start starts one when a call needs it. `toolyard-runner serve` puts a pool behind HTTP in a
+//! warm pod; the gateway's local mode calls its pools in-process.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
