@@ -7,10 +7,11 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 use toolyard_api::OwnerKey;
 use toolyard_api::protocol::CallResult;
-use toolyard_api::storage::RunId;
+use toolyard_api::storage::{CallFile, RunId};
 
 use crate::catalog::Tool;
 use crate::identity::Identity;
+use crate::store::ArtifactStore;
 
 pub mod events;
 pub mod kube;
@@ -68,6 +69,48 @@ pub enum CallState {
     Ended(Box<CallResult>),
     /// The platform knows nothing of it (or no more).
     Unknown,
+}
+
+/// Where a call stands, from its stored files and its executor ([`standing`]).
+#[derive(Debug)]
+pub enum Standing {
+    /// It runs.
+    Running,
+    /// It ended with this result.
+    Ended(Box<CallResult>),
+    /// It was accepted, has no stored result, and its executor knows nothing of it: its run
+    /// was lost (its process or replica ended with it).
+    Lost,
+}
+
+/// Where call `id` of `owner` stands; `None` when no such call was accepted. A stored
+/// `result.json` is final; without one, the executor is asked. A run's result is stored
+/// before its executor forgets the run, so a call the executor no longer knows has its result
+/// read again before it counts as lost: it may have ended between the two reads.
+pub async fn standing(
+    store: &dyn ArtifactStore,
+    executor: &dyn Executor,
+    owner: &OwnerKey,
+    id: &RunId,
+) -> crate::Result<Option<Standing>> {
+    let stored_result = async || -> crate::Result<Option<CallResult>> {
+        let bytes = store.get(owner, &pool::call_file(id.as_str(), CallFile::Result)).await?;
+        Ok(bytes.and_then(|b| serde_json::from_slice(&b).ok()))
+    };
+    if let Some(result) = stored_result().await? {
+        return Ok(Some(Standing::Ended(Box::new(result))));
+    }
+    Ok(Some(match executor.call_state(owner, id).await? {
+        CallState::Running => Standing::Running,
+        CallState::Ended(result) => Standing::Ended(result),
+        CallState::Unknown => match stored_result().await? {
+            Some(result) => Standing::Ended(Box::new(result)),
+            None if store.get(owner, &pool::call_file(id.as_str(), CallFile::Input)).await?.is_none() => {
+                return Ok(None);
+            }
+            None => Standing::Lost,
+        },
+    }))
 }
 
 /// Runs tool calls.
@@ -146,4 +189,55 @@ pub enum Forgotten {
 pub trait ResultRecorder: Send + Sync + 'static {
     /// Records `result` of call `call` (owned by `owner`) in `namespace`.
     async fn record(&self, namespace: &str, call: &RunId, owner: &OwnerKey, result: &CallResult) -> crate::Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::store::fs::tests::Scratch;
+
+    /// An executor whose call ends while it is asked: the result is stored, then the run is
+    /// forgotten, as the local and Kubernetes executors do.
+    struct EndsWhileAsked(Arc<dyn ArtifactStore>);
+
+    #[async_trait]
+    impl Executor for EndsWhileAsked {
+        async fn call(&self, _: CallRequest) -> crate::Result<CallResult> {
+            unimplemented!("not used")
+        }
+        async fn call_state(&self, owner: &OwnerKey, id: &RunId) -> crate::Result<CallState> {
+            let result = serde_json::to_vec(&CallResult::ok(serde_json::json!({"price": 1.5}), 3)).unwrap();
+            self.0.put(owner, &pool::call_file(id.as_str(), CallFile::Result), Bytes::from(result)).await?;
+            Ok(CallState::Unknown)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_that_ends_between_the_reads_is_ended_not_lost_and_a_call_never_accepted_is_none() {
+        let scratch = Scratch::new("standing");
+        let (store, owner) = scratch.store("store");
+        let store: Arc<dyn ArtifactStore> = Arc::new(store);
+        let id = RunId::parse("price-option-0123456789ab").unwrap();
+        store.put(&owner, &pool::call_file(id.as_str(), CallFile::Input), Bytes::from_static(b"{}")).await.unwrap();
+        let executor = EndsWhileAsked(Arc::clone(&store));
+        match standing(store.as_ref(), &executor, &owner, &id).await.unwrap() {
+            Some(Standing::Ended(result)) => assert_eq!(result.value, Some(serde_json::json!({"price": 1.5}))),
+            other => panic!("ended, not {other:?}"),
+        }
+
+        struct Forgets;
+        #[async_trait]
+        impl Executor for Forgets {
+            async fn call(&self, _: CallRequest) -> crate::Result<CallResult> {
+                unimplemented!("not used")
+            }
+        }
+        let lost = RunId::parse("price-option-111111111111").unwrap();
+        store.put(&owner, &pool::call_file(lost.as_str(), CallFile::Input), Bytes::from_static(b"{}")).await.unwrap();
+        assert!(matches!(standing(store.as_ref(), &Forgets, &owner, &lost).await.unwrap(), Some(Standing::Lost)));
+        let never = RunId::parse("price-option-222222222222").unwrap();
+        assert!(standing(store.as_ref(), &Forgets, &owner, &never).await.unwrap().is_none());
+    }
 }

@@ -34,7 +34,7 @@ use crate::catalog::{Prompt, PromptError, ResourceError, ServedResource, Tool};
 use crate::core::access::Selection;
 use crate::core::ids::is_traceparent;
 use crate::core::{CallError, CallInput, ClientAsker, LogSink, ProgressSink, TaskStart};
-use crate::executor::CallState;
+use crate::executor::Standing;
 use crate::identity::Identity;
 use crate::limits::StreamPermit;
 use crate::metrics::{CallOutcome, Rejection};
@@ -675,27 +675,17 @@ impl McpHandler {
     async fn call_progress(&self, who: &Identity, raw_id: &str) -> Result<Option<(RunId, CallProgress)>, ErrorData> {
         let Ok(id) = RunId::parse(raw_id) else { return Ok(None) };
         let owner = who.owner_key();
-        let store = self.state.store.as_ref();
-        let stored =
-            store.get(&owner, &format!("calls/{id}/result.json")).await.map_err(|e| self.platform_error(&e))?;
-        let result = match stored.and_then(|b| serde_json::from_slice::<toolyard_api::protocol::CallResult>(&b).ok()) {
-            Some(result) => Some(result),
-            None => match self.state.executor.call_state(&owner, &id).await.map_err(|e| self.platform_error(&e))? {
-                CallState::Running => None,
-                CallState::Ended(result) => Some(*result),
-                CallState::Unknown => {
-                    let accepted = store.get(&owner, &format!("calls/{id}/input.json")).await;
-                    if accepted.map_err(|e| self.platform_error(&e))?.is_none() {
-                        return Ok(None);
-                    }
-                    return Ok(Some((id, CallProgress::Lost)));
-                }
-            },
-        };
-        let progress = match result {
-            None => CallProgress::Running,
-            Some(r) if r.error.as_ref().is_some_and(|e| e.kind == CallErrorKind::Cancelled) => CallProgress::Cancelled,
-            Some(r) => CallProgress::Completed(Box::new(self.answer(&owner, id.clone(), r).await)),
+        let standing = crate::executor::standing(self.state.store.as_ref(), self.state.executor.as_ref(), &owner, &id)
+            .await
+            .map_err(|e| self.platform_error(&e))?;
+        let progress = match standing {
+            None => return Ok(None),
+            Some(Standing::Running) => CallProgress::Running,
+            Some(Standing::Lost) => CallProgress::Lost,
+            Some(Standing::Ended(r)) if r.error.as_ref().is_some_and(|e| e.kind == CallErrorKind::Cancelled) => {
+                CallProgress::Cancelled
+            }
+            Some(Standing::Ended(r)) => CallProgress::Completed(Box::new(self.answer(&owner, id.clone(), *r).await)),
         };
         Ok(Some((id, progress)))
     }
