@@ -166,4 +166,7 @@ COPY --from=binaries /out/s3s-fs /usr/local/bin/s3s-fs
 COPY --from=binaries --chown=65532:65532 /out/data /data
 USER 65532:65532
 EXPOSE 9000
+# s3s-fs stops on SIGINT only, and a container's first process ignores a signal it does not
+# handle: with SIGTERM, every stop (a scale-down, an uninstall) waited out the pod's grace period.
+STOPSIGNAL SIGINT
 ENTRYPOINT ["/usr/local/bin/s3s-fs"]

@@ -20,9 +20,10 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use coding_support::{Client, MODEL_ID, MODEL_KEY, call, call_in_trace, connect_with, structured, text_of};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Map, Value, json};
 use tokio::process::{Child, Command};
 use toolyard_api::ToolCall;
@@ -304,7 +305,7 @@ fn is_open(outcome: &Map<String, Value>, target: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
     let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Whole).await;
-    let mut install = Install::start().await;
+    let mut install = timed("install", Install::start()).await;
     node.empty_at_end(&install.ns);
     node.empty_at_end(&install.team);
     let result = std::panic::AssertUnwindSafe(scenario(&mut install));
@@ -312,7 +313,7 @@ async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
     if outcome.is_err() {
         install.dump();
     }
-    install.stop().await;
+    timed("stop", install.stop()).await;
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
@@ -320,6 +321,7 @@ async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
 
 async fn scenario(install: &mut Install) {
     // The official Python SDK, over HTTPS with a ServiceAccount token: a Job and a warm pool.
+    let first_calls = Instant::now();
     let seen = python_sdk(
         install,
         &[
@@ -350,27 +352,37 @@ async fn scenario(install: &mut Install) {
         priced["seconds"].as_f64().unwrap_or_default(),
         quote["seconds"].as_f64().unwrap_or_default()
     );
+    eprintln!("e2e_node: first_calls took {:.1} s", first_calls.elapsed().as_secs_f64());
 
-    progress(install);
+    timed("progress", async { progress(install) }).await;
     // `toolyard check` takes the S3 server and the controllers away for a while: alone.
-    cli(install).await;
+    timed("cli", cli(install)).await;
     // The steps below use different tools and objects. Those that script the model (it has
     // one script at a time) run one after another, beside the others.
     let scripted = async {
-        risk_with_pricing(install).await;
-        network_policies(install).await;
-        model_written_code_reaches_no_credential(install).await;
+        timed("risk_with_pricing", risk_with_pricing(install)).await;
+        timed("network_policies", network_policies(install)).await;
+        timed("model_written_code_reaches_no_credential", model_written_code_reaches_no_credential(install)).await;
     };
     let unscripted = async {
-        traces(install).await;
-        hardening(install).await;
-        mcp_server_in_the_cluster(install).await;
-        missing_image(install).await;
-        cancellation_kills_the_pod(install).await;
+        timed("traces", traces(install)).await;
+        timed("hardening", hardening(install)).await;
+        timed("mcp_server_in_the_cluster", mcp_server_in_the_cluster(install)).await;
+        timed("missing_image", missing_image(install)).await;
+        timed("cancellation_kills_the_pod", cancellation_kills_the_pod(install)).await;
     };
     tokio::join!(scripted, unscripted);
     // Deletes the leading controller pod: last, alone.
-    coding_task_outlives_the_leading_controller(install).await;
+    timed("coding_task_outlives_the_leading_controller", coding_task_outlives_the_leading_controller(install)).await;
+}
+
+/// Runs one step of the scenario and prints how long it took (shown on a failure, or with
+/// `--nocapture`).
+async fn timed<T>(step: &str, run: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let output = run.await;
+    eprintln!("e2e_node: {step} took {:.1} s", started.elapsed().as_secs_f64());
+    output
 }
 
 /// The risk example's image (numpy, pandas and matplotlib pip-installed at build time) on the
@@ -573,9 +585,27 @@ async fn cli(install: &Install) {
     }
     assert!(run.stdout.contains("toolyard-tool-caller"), "{}", run.stdout);
 
-    // No storage: the development S3 server scaled away. The gateway stops being ready and
-    // the storage line says why, from the gateway's own log.
+    // No storage: the development S3 server scaled away. It stops on its image's stop signal
+    // (not killed at the end of its grace period). The gateway stops being ready and the
+    // storage line says why, from the gateway's own log.
+    let s3_pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, &install.ns);
+    let s3_selector = "app.kubernetes.io/name=toolyard-s3";
+    let listed = s3_pods.list(&ListParams::default().labels(s3_selector)).await.expect("S3 pods");
+    let since = listed.metadata.resource_version.expect("a list's resourceVersion");
     kubectl(&["-n", &install.ns, "scale", "deployment/toolyard-s3", "--replicas=0"]);
+    let watch = WatchParams::default().labels(s3_selector).timeout(120);
+    let mut events = s3_pods.watch(&watch, &since).await.expect("watch S3 pods").boxed();
+    let exit_code = loop {
+        match events.try_next().await.expect("S3 pod events") {
+            Some(WatchEvent::Deleted(pod)) => {
+                let statuses = pod.status.and_then(|s| s.container_statuses).unwrap_or_default();
+                break statuses.first().and_then(|c| c.state.as_ref()?.terminated.as_ref()).map(|t| t.exit_code);
+            }
+            Some(_) => {}
+            None => panic!("the S3 pod was not deleted within 120 s"),
+        }
+    };
+    assert_eq!(exit_code, Some(0), "s3s-fs exits on its own when stopped (137: killed at the end of its grace period)");
     let deadline = Instant::now() + Duration::from_secs(120);
     let run = loop {
         let run = toolyard_with(&url, &install.token, &check, &vars).await;
