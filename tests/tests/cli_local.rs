@@ -156,6 +156,29 @@ async fn progress_is_shown_and_a_timeout_can_be_expected() {
         "{}",
         run.stdout
     );
+
+    // `--jobs 2`: two tests of a second each run at once, their lines in the suite's order.
+    let together = data.path().join("together.yaml");
+    let test = |name: &str| format!("  - name: {name}\n    call: steps\n    arguments: {{n: 2, pause: 0.5}}\n");
+    std::fs::write(&together, format!("name: together\ntests:\n{}{}", test("first"), test("second"))).unwrap();
+    let run = toolyard(&url, TOKEN, &["test", together.to_str().unwrap(), "--jobs", "2"]).await;
+    assert_code(&run, 0);
+    let seconds = |text: &str| -> f64 { text.trim_end_matches(" s").trim_end_matches(" s)").parse().unwrap() };
+    let took: Vec<f64> = run
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("PASS  "))
+        .map(|l| seconds(l.rsplit_once(" (").expect("a duration").1))
+        .collect();
+    assert!(run.stdout.find("PASS  first").unwrap() < run.stdout.find("PASS  second").unwrap(), "{}", run.stdout);
+    let summary = run.stdout.lines().find(|l| l.starts_with("together: 2 passed, 0 failed in "));
+    let total = seconds(summary.and_then(|l| l.rsplit_once(" in ")).expect("the summary").1);
+    // One after another, the suite would take the sum of its tests; at once, about the longer.
+    let (sum, shorter) = (took.iter().sum::<f64>(), took.iter().copied().fold(f64::MAX, f64::min));
+    assert!(took.len() == 2 && total < sum - shorter / 2.0, "the tests overlapped: {}", run.stdout);
+    let zero = toolyard(&url, TOKEN, &["test", together.to_str().unwrap(), "--jobs", "0"]).await;
+    assert_code(&zero, 2);
+    assert!(zero.stderr.contains("--jobs"), "{}", zero.stderr);
     gw.shutdown().await.unwrap();
 }
 

@@ -519,8 +519,13 @@ async fn cli(install: &Install) {
     let kubeconfig = TestEnv::get().kubeconfig(User::Admin);
     let vars = [("KUBECONFIG", kubeconfig.as_os_str())];
     let suite = repo_path("examples/pricing/tests/suite.yaml");
-    let run =
-        toolyard_with(&url, &install.token, &["test", suite.to_str().expect("utf-8"), "--ca-file", ca], &vars).await;
+    let run = toolyard_with(
+        &url,
+        &install.token,
+        &["test", suite.to_str().expect("utf-8"), "--ca-file", ca, "--jobs", "4"],
+        &vars,
+    )
+    .await;
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("pricing: 9 passed, 0 failed"), "{}", run.stdout);
 

@@ -1,4 +1,5 @@
-//! Running a suite: each test in order, a line per test, a summary, JUnit XML on request.
+//! Running a suite: its tests in order (`--jobs` at once), a line per test in the suite's order,
+//! a summary, JUnit XML on request.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -23,6 +24,9 @@ pub struct TestArgs {
     /// Run only the tests whose name contains this
     #[arg(long)]
     pub filter: Option<String>,
+    /// Tests run at once (their lines still print in the suite's order)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
 }
 
 /// Default seconds per call, and per coding task.
@@ -47,16 +51,21 @@ pub async fn run(conn: &Connection, args: TestArgs) -> Result<u8> {
     let catalog = client.list_all_tools().await.map_err(|e| anyhow::anyhow!("tools/list: {}", error_chain(&e)))?;
     let started = Instant::now();
     let mut outcomes = Vec::new();
-    for planned in &tests {
-        let begun = Instant::now();
-        let failure = run_test(&client, &catalog, planned, suite_timeout).await.err();
-        let outcome = Outcome { name: planned.test.name.clone(), line: planned.line, took: begun.elapsed(), failure };
+    let mut finished = futures::stream::iter(&tests)
+        .map(|planned| async {
+            let begun = Instant::now();
+            let failure = run_test(&client, &catalog, planned, suite_timeout).await.err();
+            Outcome { name: planned.test.name.clone(), line: planned.line, took: begun.elapsed(), failure }
+        })
+        .buffered(usize::from(args.jobs));
+    while let Some(outcome) = finished.next().await {
         match &outcome.failure {
             None => println!("PASS  {} ({:.2} s)", outcome.name, outcome.took.as_secs_f64()),
             Some(why) => println!("FAIL  {} ({}:{}): {why}", outcome.name, args.suite.display(), outcome.line),
         }
         outcomes.push(outcome);
     }
+    drop(finished);
     let _ = client.cancel().await;
     let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
     println!(
