@@ -125,19 +125,33 @@ async fn start_task(
     (new[0].clone(), waiting)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
+/// A platform of a test's own on half of the node, with the scripted model as its one
+/// model profile (`scripted`), which alice and bob may use.
+struct Scripted {
+    // Dropped after the platform has stopped: it empties the platform's namespaces.
+    _node: toolyard_tests::NodeClaim,
+    model: ScriptedModel,
+    _profiles: toolyard_tests::local::TempDir,
+    platform: Platform,
+}
+
+async fn scripted_platform() -> Scripted {
     let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
     let model = ScriptedModel::start_on(TestEnv::get().host_ip(), MODEL_KEY, vec![]).await;
     let profiles = toolyard_tests::local::TempDir::new("profiles");
-    let mut platform = start(&profiles, &[("scripted", &model.base_url(), MODEL_KEY)]).await;
+    let platform = start(&profiles, &[("scripted", &model.base_url(), MODEL_KEY)]).await;
     node.empty_at_end(&platform.ns);
     node.empty_at_end(&platform.release_ns);
+    grant(&platform.ns, "alice", &["scripted"]);
+    grant(&platform.ns, "bob", &["scripted"]);
+    Scripted { _node: node, model, _profiles: profiles, platform }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
+    let Scripted { _node, model, _profiles, mut platform } = scripted_platform().await;
     let ns = platform.ns.clone();
-    grant(&ns, "alice", &["scripted"]);
-    grant(&ns, "bob", &["scripted"]);
-    let env = TestEnv::get();
-    let admin = env.client(User::Admin).await;
+    let admin = TestEnv::get().client(User::Admin).await;
     let alice = client(&platform, User::Alice).await;
 
     // The pricing scenario, with a step that raises and a final answer that breaks the contract.
@@ -310,6 +324,19 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
     let bob_result = tokio::time::timeout(Duration::from_secs(180), bob_waiting).await.expect("ends").expect("join");
     assert_eq!(bob_result["status"], "success", "alice's cancel did not touch bob's task: {bob_result}");
 
+    platform.stop().await;
+}
+
+/// A task ends on its step budget, on its owner's cancellation and at its deadline, and
+/// outlives a gateway restart; the chart's dashboard and alerts query only series the
+/// binaries expose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn coding_tasks_end_on_budget_cancellation_and_deadline_and_outlive_a_gateway_restart() {
+    let Scripted { _node, model, _profiles, mut platform } = scripted_platform().await;
+    let ns = platform.ns.clone();
+    let admin = TestEnv::get().client(User::Admin).await;
+    let alice = client(&platform, User::Alice).await;
+
     // Budget exhaustion.
     model.set_script(vec![Turn::code("print('thinking')"), Turn::code("print('still thinking')")]);
     let result =
@@ -368,8 +395,11 @@ async fn coding_tasks_run_as_jobs_through_the_whole_platform() {
     platform.stop().await;
 }
 
+/// A dead model endpoint fails the task; a profile its user may not use is refused; a
+/// CodingTask made with kubectl runs with its profile; a cancellation reaches a call waiting
+/// at another replica. (The node-claiming tests run in name order: the longest first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_dead_model_endpoint_fails_the_task_and_a_cancellation_reaches_a_call_on_another_replica() {
+async fn model_profiles_hold_and_a_cancellation_reaches_a_call_on_another_replica() {
     let mut node = toolyard_tests::claim_node(toolyard_tests::NodeShare::Half).await;
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
     let dead = format!("http://{}:{port}/v1", TestEnv::get().host_ip());

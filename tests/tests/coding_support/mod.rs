@@ -318,9 +318,14 @@ pub async fn check_pricing(client: &Client, result: &Value, requests: &[Value]) 
     assert_eq!(bytes, text);
     let rows = parse_scenarios(std::str::from_utf8(&text).expect("utf-8"));
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [90.0, 100.0, 110.0]);
-    for (spot, price, delta) in &rows {
-        let direct_price = ok(&call(client, "price_option", scenario(*spot)).await)["price"].as_f64().expect("price");
-        let direct_delta = ok(&call(client, "calc_greeks", scenario(*spot)).await)["delta"].as_f64().expect("delta");
+    // The direct calls at once: each is a Job of its own on a cluster.
+    let direct = futures::future::join_all(rows.iter().map(|(spot, _, _)| async move {
+        let (priced, greeks) =
+            tokio::join!(call(client, "price_option", scenario(*spot)), call(client, "calc_greeks", scenario(*spot)));
+        (ok(&priced)["price"].as_f64().expect("price"), ok(&greeks)["delta"].as_f64().expect("delta"))
+    }))
+    .await;
+    for ((spot, price, delta), (direct_price, direct_delta)) in rows.iter().zip(direct) {
         assert_eq!((*price, *delta), (direct_price, direct_delta), "spot {spot}");
         let key = format!("price_{spot}");
         assert_eq!(result["metrics"][&key].as_f64(), Some(direct_price), "{key}");
