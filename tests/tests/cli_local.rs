@@ -163,7 +163,7 @@ async fn progress_is_shown_and_a_timeout_can_be_expected() {
     std::fs::write(&together, format!("name: together\ntests:\n{}{}", test("first"), test("second"))).unwrap();
     let run = toolyard(&url, TOKEN, &["test", together.to_str().unwrap(), "--jobs", "2"]).await;
     assert_code(&run, 0);
-    let seconds = |text: &str| -> f64 { text.trim_end_matches(" s").trim_end_matches(" s)").parse().unwrap() };
+    let seconds = |text: &str| -> f64 { text.trim_end_matches(')').trim_end_matches(" s").parse().unwrap() };
     let took: Vec<f64> = run
         .stdout
         .lines()

@@ -321,14 +321,19 @@ async fn the_chart_installed_with_helm_serves_tools_on_the_real_node() {
 
 async fn scenario(install: &mut Install) {
     // The official Python SDK, over HTTPS with a ServiceAccount token: a Job and a warm pool.
-    let first_calls = Instant::now();
-    let seen = python_sdk(
-        install,
-        &[
-            ("price_option", json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05})),
-            ("get_quote", json!({"symbol": "aapl"})),
-        ],
-    );
+    let seen = timed("first_calls", async {
+        python_sdk(
+            install,
+            &[
+                (
+                    "price_option",
+                    json!({"spot": 100, "strike": 100, "time_to_expiry": 1, "volatility": 0.2, "rate": 0.05}),
+                ),
+                ("get_quote", json!({"symbol": "aapl"})),
+            ],
+        )
+    })
+    .await;
     install.install_to_first_call = Some(install.started.elapsed().as_secs_f64());
     let tools: Vec<&str> = seen["tools"].as_array().expect("tools").iter().filter_map(Value::as_str).collect();
     for tool in ["price_option", "calc_greeks", "get_quote", "get_quote_fresh", "run_coding_task", "read_artifact"] {
@@ -352,7 +357,6 @@ async fn scenario(install: &mut Install) {
         priced["seconds"].as_f64().unwrap_or_default(),
         quote["seconds"].as_f64().unwrap_or_default()
     );
-    eprintln!("e2e_node: first_calls took {:.1} s", first_calls.elapsed().as_secs_f64());
 
     timed("progress", async { progress(install) }).await;
     // `toolyard check` takes the S3 server and the controllers away for a while: alone.
@@ -606,6 +610,7 @@ async fn cli(install: &Install) {
                 let statuses = pod.status.and_then(|s| s.container_statuses).unwrap_or_default();
                 break statuses.first().and_then(|c| c.state.as_ref()?.terminated.as_ref()).map(|t| t.exit_code);
             }
+            Some(WatchEvent::Error(e)) => panic!("watching the S3 pod: {e:?}"),
             Some(_) => {}
             None => panic!("the S3 pod was not deleted within 120 s"),
         }
