@@ -212,6 +212,28 @@ pub mod pool {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         pub files: Vec<String>,
     }
+
+    /// Why a pool did not run a call: the `reason` of its 503 answer ([`PoolRefusal`]).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum RefusalReason {
+        /// Every slot and the queue were taken when the call came.
+        Busy,
+        /// The call waited, and gave its place to a call of an owner with fewer waiting
+        /// (its own owner had the most calls waiting).
+        PushedOut,
+        /// The server is shutting down.
+        ShuttingDown,
+    }
+
+    /// The body of a pool's 503 answer (sent with `Retry-After`).
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    pub struct PoolRefusal {
+        /// What happened, for people.
+        pub error: String,
+        /// What happened, for the gateway.
+        pub reason: RefusalReason,
+    }
 }
 
 /// Paths of the gateway's internal API (a separate listener, reachable only from runners).

@@ -27,12 +27,18 @@ struct PoolServer {
 }
 
 async fn start_pool(key: &SigningKey, function: &str) -> PoolServer {
+    start_pool_with(key, function, &[]).await
+}
+
+/// [`start_pool`] with more `toolyard-runner serve` flags.
+async fn start_pool_with(key: &SigningKey, function: &str, flags: &[&str]) -> PoolServer {
     let dir = TempDir::new("gw-pool");
     let key_file = dir.path().join("pool.key");
     std::fs::write(&key_file, key.to_hex()).expect("key file");
     let mut child = tokio::process::Command::new(local::binary("toolyard-runner"))
         .args(["serve", "--host", "127.0.0.1", "--port", "0", "--key-file"])
         .arg(&key_file)
+        .args(flags)
         .arg("--")
         .args([local::python(), "-m".into(), "toolyard.run".into(), format!("misbehaving:{function}")])
         .env("PYTHONPATH", local::misbehaving_pythonpath())
@@ -282,4 +288,71 @@ async fn the_per_user_call_limit_counts_pool_calls_on_every_replica() {
     let r = on_b.call_tool(echo_call()).await.expect("the call on b");
     assert_eq!(r.structured_content, Some(json!({"value": 1})), "{}", text_of(&r));
     on_b.cancel().await.ok();
+}
+
+/// A warm pool's queue is fair between callers: a full queue (alice's two waiting calls) makes
+/// room for bob's call by refusing alice's newest waiting one, and alice is told why, not only
+/// that the pool is busy.
+#[tokio::test]
+async fn a_call_that_gives_its_place_in_a_full_pool_queue_to_another_callers_is_told_so() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwpoolfair").await.expect("namespace");
+    grant_platform(&ns).await;
+    let key = signing_key().derive(&key_purpose(&ns, "hang-pool"));
+    let pool = start_pool_with(&key, "hang", &["--concurrency", "1", "--queue", "2"]).await;
+    create_tool(&ns, "hang-pool", pool_spec("hang_pool", json!({"seconds": {"type": "number"}}), &[]), true).await;
+    set_tool_status(&ns, "hang-pool", true, Some(&pool.endpoint)).await;
+    grant_call(&ns, "callers", &[], &["alice", "bob"], &[]).await;
+    for user in ["alice", "bob"] {
+        gateway_support::wait_allowed(user, &[], &ns, "toolyard.dev", "mcptools", "call", Some("hang-pool")).await;
+    }
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let (alice, bob) = (std::sync::Arc::new(gw.client(User::Alice).await), gw.client(User::Bob).await);
+    let hang = |seconds: f64| {
+        let params = json!({"seconds": seconds}).as_object().expect("object").clone();
+        rmcp::model::CallToolRequestParams::new("hang_pool").with_arguments(params)
+    };
+    let load = |running: u64, waiting: u64| {
+        let url = format!("{}{}", pool.endpoint, toolyard_api::protocol::pool::READY_PATH);
+        async move {
+            toolyard_tests::wait_until(
+                std::time::Duration::from_secs(30),
+                &format!("{running} running, {waiting} waiting in the pool"),
+                || async {
+                    let ready: Value = reqwest::get(&url).await?.json().await?;
+                    Ok(ready["running"] == running && ready["waiting"] == waiting)
+                },
+            )
+            .await
+            .expect("the pool's load");
+        }
+    };
+    let spawn = |seconds: f64| {
+        let alice = std::sync::Arc::clone(&alice);
+        tokio::spawn(async move { alice.call_tool(hang(seconds)).await })
+    };
+    let holding = spawn(3.0);
+    load(1, 0).await;
+    let first = spawn(0.0);
+    load(1, 1).await;
+    let newest = spawn(0.0);
+    load(1, 2).await;
+
+    let bobs = tokio::spawn(async move { bob.call_tool(hang(0.0)).await.map(|r| (r, bob)) });
+    match newest.await.expect("join").expect_err("alice's newest waiting call gives its place to bob's") {
+        rmcp::ServiceError::McpError(e) => {
+            assert_eq!(e.code, toolyard_gateway::mcp::errors::SERVER_BUSY, "{e:?}");
+            assert!(e.message.contains("the tool's warm pool is at capacity"), "{}", e.message);
+            assert!(e.message.contains("this one gave its place to another caller's"), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    let (answered, bob) = bobs.await.expect("join").expect("bob's call runs once the slot is free");
+    assert_ne!(answered.is_error, Some(true), "{}", text_of(&answered));
+    for call in [holding, first] {
+        let answered = call.await.expect("join").expect("alice's other calls");
+        assert_ne!(answered.is_error, Some(true), "{}", text_of(&answered));
+    }
+    bob.cancel().await.ok();
 }

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use toolyard_api::Owner;
 use toolyard_api::protocol::CallErrorKind;
-use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal, RefusalReason};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_tests::local;
 
@@ -208,9 +208,14 @@ async fn beyond_concurrency_and_queue_the_pool_answers_503_with_retry_after() {
     }
     let (headers, text) = refused.expect("a call beyond the slot and the queue gets 503");
     assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
-    assert!(text.contains("busy"), "{text}");
+    assert_eq!(refusal(&text), RefusalReason::Busy, "{text}");
     let long = busy_call.await.unwrap();
     assert_eq!(long.result.error.map(|e| e.kind), Some(CallErrorKind::TimedOut));
+}
+
+/// The reason of a pool's 503 answer.
+fn refusal(body: &str) -> RefusalReason {
+    serde_json::from_str::<PoolRefusal>(body).expect("a pool's refusal").reason
 }
 
 /// A pool is shared by every caller of its tool, so its queue is fair between the calls'
@@ -270,11 +275,12 @@ async fn a_full_queue_makes_room_for_another_owner_and_the_slot_takes_turns() {
     load(1, 2).await;
     let (status, text) = send("alice", "a-3", json!({"label": "a3"})).await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "alice's own calls do not push each other out: {text}");
+    assert_eq!(refusal(&text), RefusalReason::Busy, "{text}");
 
     let b1 = send("bob", "b-1", json!({"label": "b1"}));
     let (status, text) = tokio::time::timeout(Duration::from_secs(30), a2).await.expect("a2 is answered").unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "alice's newest waiting call gave its place to bob's: {text}");
-    assert!(text.contains("busy"), "{text}");
+    assert_eq!(refusal(&text), RefusalReason::PushedOut, "{text}");
     load(1, 2).await;
     let (status, text) = send("bob", "b-2", json!({"label": "b2"})).await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "one waiting call each: bob's second is refused: {text}");

@@ -231,7 +231,8 @@ impl LocalExecutor {
                 files = output.files.into_iter().map(|o| o.bytes).collect();
                 (output.result, Some(output.stdout.into_text()), Some(output.stderr.into_text()))
             }
-            Some(Ok(Err(Refused::Busy))) => return Err(Error::Busy("the tool's warm pool is at capacity".into())),
+            Some(Ok(Err(Refused::Busy))) => return Err(super::pool_busy(false)),
+            Some(Ok(Err(Refused::PushedOut))) => return Err(super::pool_busy(true)),
             Some(Ok(Err(Refused::Closed))) => return Err(Error::Unavailable("shutting down".into())),
             Some(Err(_)) => {
                 let message = format!("timed out after {}s", timeout.as_secs());

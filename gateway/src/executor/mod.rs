@@ -113,6 +113,19 @@ pub async fn standing(
     }))
 }
 
+/// A warm pool's refusal as the caller sees it: every slot and the queue were taken, or the
+/// call waited and gave its place to another caller's, because this caller had the most calls
+/// waiting (see `toolyard_process::admission`).
+pub fn pool_busy(pushed_out: bool) -> crate::Error {
+    crate::Error::Busy(if pushed_out {
+        "the tool's warm pool is at capacity, and your calls filled most of its queue: this one gave its \
+         place to another caller's"
+            .into()
+    } else {
+        "the tool's warm pool is at capacity".into()
+    })
+}
+
 /// Runs tool calls.
 #[async_trait]
 pub trait Executor: Send + Sync + 'static {

@@ -17,7 +17,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use reqwest::StatusCode;
-use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal, RefusalReason};
 use toolyard_api::protocol::{CallErrorKind, CallResult, Event};
 use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind, SigningKey};
@@ -170,6 +170,8 @@ pub enum PoolError {
     Busy {
         /// The pool's `Retry-After`, if any.
         retry_after: Option<Duration>,
+        /// The call waited, and gave its place to another owner's call.
+        pushed_out: bool,
     },
     /// No answer before the deadline.
     #[error("the warm pool did not answer in time")]
@@ -226,7 +228,11 @@ impl PoolClient {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(Duration::from_secs);
-            return Err(PoolError::Busy { retry_after });
+            // The reason is in the body (a few dozen bytes); a body that does not say counts as busy.
+            let body = tokio::time::timeout(Duration::from_secs(1), response.bytes()).await;
+            let reason = body.ok().and_then(Result::ok).and_then(|b| serde_json::from_slice::<PoolRefusal>(&b).ok());
+            let pushed_out = reason.is_some_and(|r| r.reason == RefusalReason::PushedOut);
+            return Err(PoolError::Busy { retry_after, pushed_out });
         }
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(PoolError::Refused(status.as_u16()));
@@ -331,7 +337,7 @@ pub async fn run_pool_call(
             None,
             vec![],
         ),
-        Some(Err(PoolError::Busy { .. })) => return Err(Error::Busy("the tool's warm pool is at capacity".into())),
+        Some(Err(PoolError::Busy { pushed_out, .. })) => return Err(super::pool_busy(pushed_out)),
         Some(Err(e @ PoolError::Refused(_))) => {
             tracing::error!(error = %e, "pool refused the gateway's call token; are the signing keys the same?");
             return Err(Error::Internal(e.to_string()));

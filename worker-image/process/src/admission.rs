@@ -49,6 +49,16 @@ struct Waiter {
     decision: oneshot::Sender<bool>,
 }
 
+/// Why a call got no slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Denied {
+    /// Every slot and the queue were taken when it came (and it could push no one out).
+    Full,
+    /// It waited, and gave its place to a call of a caller with fewer waiting calls (its own
+    /// caller had the most waiting).
+    PushedOut,
+}
+
 /// How many calls are running and waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Load {
@@ -77,25 +87,25 @@ impl Admission {
         Self { inner: Arc::new(inner) }
     }
 
-    /// Waits for a slot for a call of `caller`, or `None` when it has no place in the queue
-    /// (at once) or loses it to another caller's call (see the module docs). Dropping the
-    /// future gives its place back.
-    pub async fn admit(&self, caller: &OwnerKey) -> Option<Admitted> {
+    /// Waits for a slot for a call of `caller`; denied when it has no place in the queue (at
+    /// once) or loses it to another caller's call (see the module docs). Dropping the future
+    /// gives its place back.
+    pub async fn admit(&self, caller: &OwnerKey) -> Result<Admitted, Denied> {
         let (id, decision) = {
             let mut state = self.inner.lock();
             if state.running < self.inner.concurrency && state.queues.is_empty() {
                 state.running += 1;
-                return Some(Admitted { inner: Arc::clone(&self.inner) });
+                return Ok(Admitted { inner: Arc::clone(&self.inner) });
             }
             if state.waiting() >= self.inner.queue && !state.push_out_for(caller) {
-                return None;
+                return Err(Denied::Full);
             }
             state.enqueue(caller)
         };
         let mut place = Place { inner: &self.inner, caller, id, decision, over: false };
         let granted = (&mut place.decision).await.unwrap_or(false);
         place.over = true;
-        granted.then(|| Admitted { inner: Arc::clone(&self.inner) })
+        if granted { Ok(Admitted { inner: Arc::clone(&self.inner) }) } else { Err(Denied::PushedOut) }
     }
 
     /// The calls running and waiting now.
@@ -238,15 +248,15 @@ mod tests {
         user: &str,
         label: &'static str,
         order: &Order,
-    ) -> tokio::task::JoinHandle<bool> {
+    ) -> tokio::task::JoinHandle<Result<(), Denied>> {
         let before = enqueued(admission);
         let task = tokio::spawn({
             let (admission, order, caller) = (Arc::clone(admission), Arc::clone(order), key(user));
             async move {
-                let Some(admitted) = admission.admit(&caller).await else { return false };
+                let admitted = admission.admit(&caller).await?;
                 order.lock().unwrap().push(label);
                 drop(admitted);
-                true
+                Ok(())
             }
         });
         while enqueued(admission) == before && !task.is_finished() {
@@ -261,10 +271,10 @@ mod tests {
         let alice = key("alice");
         let first = admission.admit(&alice).await.expect("runs");
         let waiting = queue_up(&admission, "alice", "second", &Order::default()).await;
-        assert!(admission.admit(&alice).await.is_none(), "a third call is refused");
+        assert_eq!(admission.admit(&alice).await.err(), Some(Denied::Full), "a third call is refused");
         drop(first);
-        assert!(waiting.await.unwrap(), "the queued call runs once the first ends");
-        assert!(admission.admit(&alice).await.is_some(), "places are given back");
+        assert_eq!(waiting.await.unwrap(), Ok(()), "the queued call runs once the first ends");
+        assert!(admission.admit(&alice).await.is_ok(), "places are given back");
         assert_eq!(admission.load(), Load { running: 0, waiting: 0 });
     }
 
@@ -292,7 +302,7 @@ mod tests {
         }
         drop(running);
         for call in calls {
-            assert!(call.await.unwrap());
+            assert_eq!(call.await.unwrap(), Ok(()));
         }
         assert_eq!(*order.lock().unwrap(), ["a1", "b1", "c1", "a2", "b2", "a3"]);
     }
@@ -305,16 +315,18 @@ mod tests {
         let a1 = queue_up(&admission, "alice", "a1", &order).await;
         let a2 = queue_up(&admission, "alice", "a2", &order).await;
         let a3 = queue_up(&admission, "alice", "a3", &order).await;
-        assert!(admission.admit(&key("alice")).await.is_none(), "alice's own calls do not push each other out");
+        let refused = admission.admit(&key("alice")).await.err();
+        assert_eq!(refused, Some(Denied::Full), "alice's own calls do not push each other out");
         let b1 = queue_up(&admission, "bob", "b1", &order).await;
-        assert!(!a3.await.unwrap(), "alice's newest waiting call gave its place to bob's");
+        assert_eq!(a3.await.unwrap(), Err(Denied::PushedOut), "alice's newest waiting call gave its place to bob's");
         let c1 = queue_up(&admission, "carol", "c1", &order).await;
-        assert!(!a2.await.unwrap(), "and her next newest to carol's");
+        assert_eq!(a2.await.unwrap(), Err(Denied::PushedOut), "and her next newest to carol's");
         assert_eq!(admission.load(), Load { running: 1, waiting: 3 });
-        assert!(admission.admit(&key("bob")).await.is_none(), "one waiting call each: bob's second is refused");
+        let refused = admission.admit(&key("bob")).await.err();
+        assert_eq!(refused, Some(Denied::Full), "one waiting call each: bob's second is refused");
         drop(running);
         for call in [a1, b1, c1] {
-            assert!(call.await.unwrap());
+            assert_eq!(call.await.unwrap(), Ok(()));
         }
         assert_eq!(*order.lock().unwrap(), ["a1", "b1", "c1"]);
     }
@@ -331,7 +343,7 @@ mod tests {
         // The slot goes to alice's waiting call, whose future is then dropped unpolled.
         drop(running);
         drop(first);
-        assert!(second.await.unwrap(), "the slot went on to bob's call");
+        assert_eq!(second.await.unwrap(), Ok(()), "the slot went on to bob's call");
         assert_eq!(admission.load(), Load { running: 0, waiting: 0 });
     }
 }

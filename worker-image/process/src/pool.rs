@@ -3,10 +3,11 @@
 //! slot.
 //!
 //! At most `concurrency` calls run and `queue` wait ([`Admission`], fair between the calls'
-//! owners); beyond that a call is refused at once ([`Refused::Busy`]). A reused worker that
-//! dies, hangs past a call's deadline or breaks the protocol is killed with its process group
-//! and replaced in the background while its slot stays taken; a slot whose worker could not
-//! start starts one when a call needs it. `toolyard-runner serve` puts a pool behind HTTP in a
+//! owners); beyond that a call is refused at once ([`Refused::Busy`]), or, while it waits,
+//! gives its place to another owner's call ([`Refused::PushedOut`]). A reused worker that dies,
+//! hangs past a call's deadline or breaks the protocol is killed with its process group and
+//! replaced in the background while its slot stays taken; a slot whose worker could not start
+//! starts one when a call needs it. `toolyard-runner serve` puts a pool behind HTTP in a
 //! warm pod; the gateway's local mode calls its pools in-process.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,9 +17,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use toolyard_api::OwnerKey;
+use toolyard_api::protocol::pool::RefusalReason;
 use toolyard_api::protocol::{CallErrorKind, CallResult};
 
-use crate::admission::{Admission, Admitted, Load};
+use crate::admission::{Admission, Admitted, Denied, Load};
 use crate::capture::Captured;
 use crate::child::{self, RunSpec, StopReason, ToolCommand};
 use crate::progress::ProgressReporter;
@@ -93,14 +95,31 @@ pub struct PoolOutput {
 pub enum Refused {
     /// Every slot and the queue are taken.
     Busy,
+    /// It waited, and gave its place in the full queue to another owner's call (its owner had
+    /// the most calls waiting).
+    PushedOut,
     /// The pool was closed.
     Closed,
+}
+
+impl Refused {
+    /// The reason sent with a pool server's 503 answer.
+    pub fn reason(self) -> RefusalReason {
+        match self {
+            Refused::Busy => RefusalReason::Busy,
+            Refused::PushedOut => RefusalReason::PushedOut,
+            Refused::Closed => RefusalReason::ShuttingDown,
+        }
+    }
 }
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             Refused::Busy => "every slot and the queue are busy",
+            Refused::PushedOut => {
+                "the queue was full: this call gave its place to a call of an owner with fewer calls waiting"
+            }
             Refused::Closed => "the pool is shutting down",
         })
     }
@@ -214,8 +233,9 @@ impl WorkerPool {
         }
         let arrived = Instant::now();
         let admitted = match tokio::time::timeout(call.timeout, self.admission.admit(call.owner)).await {
-            Ok(Some(admitted)) => admitted,
-            Ok(None) => return Err(Refused::Busy),
+            Ok(Ok(admitted)) => admitted,
+            Ok(Err(Denied::Full)) => return Err(Refused::Busy),
+            Ok(Err(Denied::PushedOut)) => return Err(Refused::PushedOut),
             Err(_) => {
                 let message = format!("timed out after {}s waiting for a free slot", call.timeout.as_secs());
                 let waited = u64::try_from(arrived.elapsed().as_millis()).unwrap_or(u64::MAX);

@@ -27,8 +27,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use clap::Args;
 use serde_json::json;
 use toolyard_api::mcptool::DEFAULT_QUEUE_PER_SLOT;
-use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse};
-use toolyard_process::pool::{PoolCall, PoolSettings, Readiness, Refused, WorkerPool};
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal};
+use toolyard_process::pool::{PoolCall, PoolSettings, Readiness, WorkerPool};
 use toolyard_process::progress::ProgressLog;
 
 use crate::capture::DEFAULT_LOG_LIMIT;
@@ -171,8 +171,9 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     let progress = progress.events();
     let output = match called {
         Ok(output) => output,
-        Err(refused @ (Refused::Busy | Refused::Closed)) => {
-            let mut response = error_response(StatusCode::SERVICE_UNAVAILABLE, &refused.to_string());
+        Err(refused) => {
+            let body = PoolRefusal { error: refused.to_string(), reason: refused.reason() };
+            let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return response;
         }
