@@ -3,15 +3,17 @@
 //! grow a hundredfold.
 //!
 //! `cargo bench -p toolyard-tests --bench task_history` (needs the test cluster; see
-//! tests/run.sh). `TOOLYARD_BENCH_SIZES` (default `100,10000`) sets the sizes,
-//! `TOOLYARD_BENCH_SECONDS` the time per cell (default 2).
+//! tests/run.sh). `TOOLYARD_BENCH_SIZES` (default `100,10000`) sets the sizes (tasks per user),
+//! `TOOLYARD_BENCH_CALLS_PER_TASK` the stored calls per task (default 10: 100,000 stored calls
+//! at the larger size), `TOOLYARD_BENCH_SECONDS` the time per cell (default 2).
 //!
 //! For each size, in a namespace of its own on the test cluster's apiserver: that many
 //! CodingTasks of alice and as many of bob (as the gateway creates them), 99% of them
-//! finished (a status patch) and 1% still pending; and in the test S3 server, that many stored
-//! calls of alice (`calls/<id>/result.json`) beside one task with 5 artifacts, and the same in
-//! a local folder store (the embedded mode's and a one-replica deployment's). Then, in this
-//! process, with the gateway's Kubernetes task backend watching the namespace:
+//! finished (a status patch) and 1% still pending; and in the test S3 server, ten times as
+//! many (by default) stored calls of alice (`calls/<id>/result.json`) beside one task with 5
+//! artifacts, and the same in a local folder store (the embedded mode's and a one-replica
+//! deployment's). Then, in this process, with the gateway's Kubernetes task backend watching
+//! the namespace:
 //! - **page**: the first `list_tasks` page (20, newest first) — the backend's owner walk;
 //! - **page of pending**: the first page of alice's pending tasks (`list_tasks` with a status
 //!   filter of `pending` or `running` walks the owner's unfinished tasks alone);
@@ -136,6 +138,10 @@ fn seconds() -> f64 {
     std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(2.0)
 }
 
+fn calls_per_task() -> usize {
+    std::env::var("TOOLYARD_BENCH_CALLS_PER_TASK").ok().and_then(|s| s.parse().ok()).unwrap_or(10)
+}
+
 /// The first page of `owner`'s tasks (those `keep` accepts) through the backend's walk.
 async fn page(tasks: &KubeTasks, owner: &OwnerKey, subset: Subset, keep: fn(&TaskRecord) -> bool) -> usize {
     let mut page = Vec::new();
@@ -181,6 +187,7 @@ fn pending(r: &TaskRecord) -> bool {
 /// One size's figures, microseconds per operation.
 struct Figures {
     size: usize,
+    calls: usize,
     page: f64,
     page_running: f64,
     running: f64,
@@ -198,10 +205,11 @@ async fn measure(env: &TestEnv, store: &Arc<dyn ArtifactStore>, size: usize) -> 
     let alice = owner("alice").key();
     // Each size stores under an owner of its own, so a size does not see the last one's files.
     let storer = Owner { user: format!("alice-{size}-{}", toolyard_tests::random_suffix(4)), ..owner("alice") }.key();
-    let task = store_history(store, &storer, size).await;
+    let calls = size * calls_per_task();
+    let task = store_history(store, &storer, calls).await;
     let folder = toolyard_tests::local::TempDir::new("bench-history");
     let fs: Arc<dyn ArtifactStore> = Arc::new(FsStore::new(folder.path()).expect("folder store"));
-    let fs_task = store_history(&fs, &storer, size).await;
+    let fs_task = store_history(&fs, &storer, calls).await;
     eprintln!("size {size}: set up in {:.0} s", started.elapsed().as_secs_f64());
 
     let client = env.client(User::Gateway).await;
@@ -232,6 +240,7 @@ async fn measure(env: &TestEnv, store: &Arc<dyn ArtifactStore>, size: usize) -> 
     assert_eq!(page(&tasks, &alice, Subset::Unfinished, pending).await, PAGE.min(expected_running));
     let figures = Figures {
         size,
+        calls,
         page: micros(time(|| async { assert!(page(&tasks, &alice, Subset::All, |_| true).await > 0) }).await),
         page_running: micros(
             time(|| async { assert!(page(&tasks, &alice, Subset::Unfinished, pending).await > 0) }).await,
@@ -266,7 +275,7 @@ async fn measure(env: &TestEnv, store: &Arc<dyn ArtifactStore>, size: usize) -> 
     };
     scanning.abort();
     let deleted = store.delete_folder(&storer, "calls/").await.expect("delete calls");
-    assert_eq!(deleted, size);
+    assert_eq!(deleted, calls);
     store.delete_folder(&storer, &task_folder(&storer, &task)).await.expect("delete task");
     let namespaces: Api<Namespace> = Api::all(env.client(User::Admin).await);
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
@@ -289,15 +298,16 @@ async fn main() {
     }
     let base = &rows[0];
     println!(
-        "\n| N: alice's tasks, bob's, and stored calls | page µs | page of pending µs | running count µs | \
+        "\n| N: alice's tasks, and bob's | alice's stored calls | page µs | page of pending µs | running count µs | \
          list_artifacts µs (S3) | list_artifacts µs (folder) | before: page µs | before: running count µs |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         let ratio = |v: f64, b: f64| format!("{v:.1} ({:.2}x)", v / b);
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.size,
+            r.calls,
             ratio(r.page, base.page),
             ratio(r.page_running, base.page_running),
             ratio(r.running, base.running),
