@@ -229,7 +229,7 @@ impl PoolClient {
                 .and_then(|v| v.parse::<u64>().ok())
                 .map(Duration::from_secs);
             // The reason is in the body (a few dozen bytes); a body that does not say counts as busy.
-            let body = tokio::time::timeout(Duration::from_secs(1), response.bytes()).await;
+            let body = tokio::time::timeout(Duration::from_secs(1), read_body(&mut response, MAX_REFUSAL_BYTES)).await;
             let reason = body.ok().and_then(Result::ok).and_then(|b| serde_json::from_slice::<PoolRefusal>(&b).ok());
             let pushed_out = reason.is_some_and(|r| r.reason == RefusalReason::PushedOut);
             return Err(PoolError::Busy { retry_after, pushed_out });
@@ -237,25 +237,33 @@ impl PoolClient {
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(PoolError::Refused(status.as_u16()));
         }
-        let mut body = Vec::new();
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
-                        return Err(PoolError::BadResponse(format!("answer larger than {MAX_RESPONSE_BYTES} bytes")));
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-                Ok(None) => break,
-                Err(e) if e.is_timeout() => return Err(PoolError::TimedOut),
-                Err(e) => return Err(PoolError::Unreachable(without_url(&e))),
-            }
-        }
+        let body = read_body(&mut response, MAX_RESPONSE_BYTES).await?;
         if !status.is_success() {
             let text: String = String::from_utf8_lossy(&body).chars().take(300).collect();
             return Err(PoolError::BadResponse(format!("HTTP {}: {text}", status.as_u16())));
         }
         serde_json::from_slice(&body).map_err(|e| PoolError::BadResponse(format!("not a pool call response: {e}")))
+    }
+}
+
+/// Largest refusal (503) body read for its reason.
+const MAX_REFUSAL_BYTES: usize = 4096;
+
+/// The answer's body, refused beyond `limit` bytes.
+async fn read_body(response: &mut reqwest::Response, limit: usize) -> Result<Vec<u8>, PoolError> {
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > limit {
+                    return Err(PoolError::BadResponse(format!("answer larger than {limit} bytes")));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(e) if e.is_timeout() => return Err(PoolError::TimedOut),
+            Err(e) => return Err(PoolError::Unreachable(without_url(&e))),
+        }
     }
 }
 
