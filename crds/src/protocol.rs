@@ -216,7 +216,7 @@ pub mod pool {
     /// Why a pool did not run a call: the `reason` of its 503 answer ([`PoolRefusal`]).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
     #[serde(rename_all = "snake_case")]
-    pub enum RefusalReason {
+    pub enum Refused {
         /// Every slot and the queue were taken when the call came.
         Busy,
         /// The call waited, and gave its place to a call of an owner with fewer waiting
@@ -226,13 +226,27 @@ pub mod pool {
         ShuttingDown,
     }
 
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(match self {
+                Refused::Busy => "every slot and the queue are busy",
+                Refused::PushedOut => {
+                    "the queue was full: this call gave its place to a call of an owner with fewer calls waiting"
+                }
+                Refused::ShuttingDown => "the pool is shutting down",
+            })
+        }
+    }
+
+    impl std::error::Error for Refused {}
+
     /// The body of a pool's 503 answer (sent with `Retry-After`).
     #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
     pub struct PoolRefusal {
         /// What happened, for people.
         pub error: String,
         /// What happened, for the gateway.
-        pub reason: RefusalReason,
+        pub reason: Refused,
     }
 }
 

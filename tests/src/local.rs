@@ -47,6 +47,22 @@ pub fn misbehaving_pythonpath() -> String {
     format!("{}:{}", repo_path("worker-image/python").display(), repo_path("tests/fixtures/misbehaving").display())
 }
 
+/// Waits until the warm pool server at `base` (`toolyard-runner serve`) reports `running` calls
+/// holding a slot and `waiting` ones in its queue (its `GET /readyz`).
+pub async fn wait_pool_load(base: &str, running: u64, waiting: u64) {
+    let url = format!("{base}{}", toolyard_api::protocol::pool::READY_PATH);
+    crate::wait_until(
+        std::time::Duration::from_secs(30),
+        &format!("{running} running, {waiting} waiting in the pool"),
+        || async {
+            let ready: serde_json::Value = reqwest::get(&url).await?.json().await?;
+            Ok(ready["running"] == running && ready["waiting"] == waiting)
+        },
+    )
+    .await
+    .expect("the pool's load");
+}
+
 /// What one run of the `toolyard` command printed.
 #[derive(Debug)]
 pub struct CliRun {

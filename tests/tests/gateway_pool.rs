@@ -313,21 +313,7 @@ async fn a_call_that_gives_its_place_in_a_full_pool_queue_to_another_callers_is_
         let params = json!({"seconds": seconds}).as_object().expect("object").clone();
         rmcp::model::CallToolRequestParams::new("hang_pool").with_arguments(params)
     };
-    let load = |running: u64, waiting: u64| {
-        let url = format!("{}{}", pool.endpoint, toolyard_api::protocol::pool::READY_PATH);
-        async move {
-            toolyard_tests::wait_until(
-                std::time::Duration::from_secs(30),
-                &format!("{running} running, {waiting} waiting in the pool"),
-                || async {
-                    let ready: Value = reqwest::get(&url).await?.json().await?;
-                    Ok(ready["running"] == running && ready["waiting"] == waiting)
-                },
-            )
-            .await
-            .expect("the pool's load");
-        }
-    };
+    let load = |running, waiting| local::wait_pool_load(&pool.endpoint, running, waiting);
     let spawn = |seconds: f64| {
         let alice = std::sync::Arc::clone(&alice);
         tokio::spawn(async move { alice.call_tool(hang(seconds)).await })

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use toolyard_api::Owner;
 use toolyard_api::protocol::CallErrorKind;
-use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal, RefusalReason};
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal, Refused};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_tests::local;
 
@@ -208,13 +208,13 @@ async fn beyond_concurrency_and_queue_the_pool_answers_503_with_retry_after() {
     }
     let (headers, text) = refused.expect("a call beyond the slot and the queue gets 503");
     assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
-    assert_eq!(refusal(&text), RefusalReason::Busy, "{text}");
+    assert_eq!(refusal(&text), Refused::Busy, "{text}");
     let long = busy_call.await.unwrap();
     assert_eq!(long.result.error.map(|e| e.kind), Some(CallErrorKind::TimedOut));
 }
 
 /// The reason of a pool's 503 answer.
-fn refusal(body: &str) -> RefusalReason {
+fn refusal(body: &str) -> Refused {
     serde_json::from_str::<PoolRefusal>(body).expect("a pool's refusal").reason
 }
 
@@ -251,22 +251,7 @@ async fn a_full_queue_makes_room_for_another_owner_and_the_slot_takes_turns() {
             (status, text)
         })
     };
-    let load = |running: u64, waiting: u64| {
-        let pool = std::sync::Arc::clone(&pool);
-        async move {
-            toolyard_tests::wait_until(
-                Duration::from_secs(30),
-                &format!("{running} running, {waiting} waiting"),
-                || async {
-                    let ready: Value =
-                        pool.http.get(format!("{}{}", pool.base, pool::READY_PATH)).send().await?.json().await?;
-                    Ok(ready["running"] == running && ready["waiting"] == waiting)
-                },
-            )
-            .await
-            .unwrap();
-        }
-    };
+    let load = |running, waiting| local::wait_pool_load(&pool.base, running, waiting);
     let hold = send("alice", "a-hold", json!({"label": "hold", "until": release}));
     load(1, 0).await;
     let a1 = send("alice", "a-1", json!({"label": "a1"}));
@@ -275,12 +260,12 @@ async fn a_full_queue_makes_room_for_another_owner_and_the_slot_takes_turns() {
     load(1, 2).await;
     let (status, text) = send("alice", "a-3", json!({"label": "a3"})).await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "alice's own calls do not push each other out: {text}");
-    assert_eq!(refusal(&text), RefusalReason::Busy, "{text}");
+    assert_eq!(refusal(&text), Refused::Busy, "{text}");
 
     let b1 = send("bob", "b-1", json!({"label": "b1"}));
     let (status, text) = tokio::time::timeout(Duration::from_secs(30), a2).await.expect("a2 is answered").unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "alice's newest waiting call gave its place to bob's: {text}");
-    assert_eq!(refusal(&text), RefusalReason::PushedOut, "{text}");
+    assert_eq!(refusal(&text), Refused::PushedOut, "{text}");
     load(1, 2).await;
     let (status, text) = send("bob", "b-2", json!({"label": "b2"})).await.unwrap();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "one waiting call each: bob's second is refused: {text}");

@@ -27,7 +27,7 @@ use toolyard_api::mcptool::{ExecutionMode, Runtime};
 use toolyard_api::protocol::{CallErrorKind, CallResult, env};
 use toolyard_api::storage::{CallFile, RunId};
 use toolyard_api::token::{Claims, RunKind, SigningKey};
-use toolyard_process::pool::{PoolCall, Readiness, Refused};
+use toolyard_process::pool::{PoolCall, Readiness};
 use toolyard_process::progress::ProgressLog;
 
 use super::events::{self, ProgressHub};
@@ -231,9 +231,7 @@ impl LocalExecutor {
                 files = output.files.into_iter().map(|o| o.bytes).collect();
                 (output.result, Some(output.stdout.into_text()), Some(output.stderr.into_text()))
             }
-            Some(Ok(Err(Refused::Busy))) => return Err(super::pool_busy(false)),
-            Some(Ok(Err(Refused::PushedOut))) => return Err(super::pool_busy(true)),
-            Some(Ok(Err(Refused::Closed))) => return Err(Error::Unavailable("shutting down".into())),
+            Some(Ok(Err(refused))) => return Err(super::pool_refused(refused)),
             Some(Err(_)) => {
                 let message = format!("timed out after {}s", timeout.as_secs());
                 (CallResult::err(CallErrorKind::TimedOut, message, None, ms(started.elapsed())), None, None)

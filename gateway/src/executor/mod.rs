@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 use toolyard_api::OwnerKey;
 use toolyard_api::protocol::CallResult;
+use toolyard_api::protocol::pool::Refused;
 use toolyard_api::storage::{CallFile, RunId};
 
 use crate::catalog::Tool;
@@ -113,17 +114,21 @@ pub async fn standing(
     }))
 }
 
-/// A warm pool's refusal as the caller sees it: every slot and the queue were taken, or the
-/// call waited and gave its place to another caller's, because this caller had the most calls
-/// waiting (see `toolyard_process::admission`).
-pub fn pool_busy(pushed_out: bool) -> crate::Error {
-    crate::Error::Busy(if pushed_out {
-        "the tool's warm pool is at capacity, and your calls filled most of its queue: this one gave its \
-         place to another caller's"
-            .into()
-    } else {
-        "the tool's warm pool is at capacity".into()
-    })
+/// A warm pool's refusal as the caller sees it: every slot and the queue were taken; the call
+/// waited and gave its place to another caller's, because this caller had the most calls
+/// waiting (see `toolyard_process::admission`); or the pool is stopping.
+pub fn pool_refused(refused: Refused) -> crate::Error {
+    match refused {
+        Refused::Busy => crate::Error::Busy("the tool's warm pool is at capacity".into()),
+        Refused::PushedOut => crate::Error::Busy(
+            "the tool's warm pool is at capacity, and your calls filled most of its queue: this one gave its \
+             place to another caller's"
+                .into(),
+        ),
+        Refused::ShuttingDown => {
+            crate::Error::Unavailable("the tool's warm pool is shutting down; try again shortly".into())
+        }
+    }
 }
 
 /// Runs tool calls.
@@ -210,6 +215,19 @@ mod tests {
 
     use super::*;
     use crate::store::fs::tests::Scratch;
+
+    /// A pushed-out call says so, a full pool is busy, a stopping pool is unavailable (not a
+    /// limit of the caller's).
+    #[test]
+    fn each_pool_refusal_is_the_callers_error() {
+        let busy = |e: crate::Error| match e {
+            crate::Error::Busy(what) => what,
+            other => panic!("not busy: {other:?}"),
+        };
+        assert_eq!(busy(pool_refused(Refused::Busy)), "the tool's warm pool is at capacity");
+        assert!(busy(pool_refused(Refused::PushedOut)).ends_with("this one gave its place to another caller's"));
+        assert!(matches!(pool_refused(Refused::ShuttingDown), crate::Error::Unavailable(_)));
+    }
 
     /// An executor whose call ends while it is asked: the result is stored, then the run is
     /// forgotten, as the local and Kubernetes executors do.

@@ -17,7 +17,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use bytes::Bytes;
 use reqwest::StatusCode;
-use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal, RefusalReason};
+use toolyard_api::protocol::pool::{self, PoolCallRequest, PoolCallResponse, PoolRefusal, Refused};
 use toolyard_api::protocol::{CallErrorKind, CallResult, Event};
 use toolyard_api::storage::CallFile;
 use toolyard_api::token::{Claims, RunKind, SigningKey};
@@ -165,14 +165,10 @@ pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
 /// Why a pool call did not produce a [`PoolCallResponse`].
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
-    /// Every slot and the queue are full (HTTP 503).
-    #[error("the warm pool is busy")]
-    Busy {
-        /// The pool's `Retry-After`, if any.
-        retry_after: Option<Duration>,
-        /// The call waited, and gave its place to another owner's call.
-        pushed_out: bool,
-    },
+    /// The pool did not run the call (HTTP 503), for the reason its answer gives (an answer
+    /// that gives none counts as busy).
+    #[error("the warm pool did not run the call: {0}")]
+    NotRun(Refused),
     /// No answer before the deadline.
     #[error("the warm pool did not answer in time")]
     TimedOut,
@@ -222,17 +218,10 @@ impl PoolClient {
         };
         let status = response.status();
         if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(Duration::from_secs);
             // The reason is in the body (a few dozen bytes); a body that does not say counts as busy.
             let body = tokio::time::timeout(Duration::from_secs(1), read_body(&mut response, MAX_REFUSAL_BYTES)).await;
-            let reason = body.ok().and_then(Result::ok).and_then(|b| serde_json::from_slice::<PoolRefusal>(&b).ok());
-            let pushed_out = reason.is_some_and(|r| r.reason == RefusalReason::PushedOut);
-            return Err(PoolError::Busy { retry_after, pushed_out });
+            let refusal = body.ok().and_then(Result::ok).and_then(|b| serde_json::from_slice::<PoolRefusal>(&b).ok());
+            return Err(PoolError::NotRun(refusal.map_or(Refused::Busy, |r| r.reason)));
         }
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(PoolError::Refused(status.as_u16()));
@@ -345,7 +334,7 @@ pub async fn run_pool_call(
             None,
             vec![],
         ),
-        Some(Err(PoolError::Busy { pushed_out, .. })) => return Err(super::pool_busy(pushed_out)),
+        Some(Err(PoolError::NotRun(refused))) => return Err(super::pool_refused(refused)),
         Some(Err(e @ PoolError::Refused(_))) => {
             tracing::error!(error = %e, "pool refused the gateway's call token; are the signing keys the same?");
             return Err(Error::Internal(e.to_string()));

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use toolyard_api::OwnerKey;
-use toolyard_api::protocol::pool::RefusalReason;
+/// Why a call was not run (what a pool server's 503 answer says).
+pub use toolyard_api::protocol::pool::Refused;
 use toolyard_api::protocol::{CallErrorKind, CallResult};
 
 use crate::admission::{Admission, Admitted, Denied, Load};
@@ -89,43 +90,6 @@ pub struct PoolOutput {
     /// Captured stderr (a reused worker's function prints land here).
     pub stderr: Captured,
 }
-
-/// Why a call was not run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Refused {
-    /// Every slot and the queue are taken.
-    Busy,
-    /// It waited, and gave its place in the full queue to another owner's call (its owner had
-    /// the most calls waiting).
-    PushedOut,
-    /// The pool was closed.
-    Closed,
-}
-
-impl Refused {
-    /// The reason sent with a pool server's 503 answer.
-    pub fn reason(self) -> RefusalReason {
-        match self {
-            Refused::Busy => RefusalReason::Busy,
-            Refused::PushedOut => RefusalReason::PushedOut,
-            Refused::Closed => RefusalReason::ShuttingDown,
-        }
-    }
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Refused::Busy => "every slot and the queue are busy",
-            Refused::PushedOut => {
-                "the queue was full: this call gave its place to a call of an owner with fewer calls waiting"
-            }
-            Refused::Closed => "the pool is shutting down",
-        })
-    }
-}
-
-impl std::error::Error for Refused {}
 
 /// A pool of tool processes.
 #[derive(Debug)]
@@ -229,7 +193,7 @@ impl WorkerPool {
     /// it on a fresh process or an idle worker.
     pub async fn call(self: &Arc<Self>, call: PoolCall<'_>) -> Result<PoolOutput, Refused> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Refused::Closed);
+            return Err(Refused::ShuttingDown);
         }
         let arrived = Instant::now();
         let admitted = match tokio::time::timeout(call.timeout, self.admission.admit(call.owner)).await {
@@ -426,7 +390,7 @@ mod tests {
         drop(held);
         assert!(pool.call(call(&arguments, &owner)).await.is_ok(), "the slot is free again");
         pool.close();
-        assert_eq!(pool.call(call(&arguments, &owner)).await.unwrap_err(), Refused::Closed);
+        assert_eq!(pool.call(call(&arguments, &owner)).await.unwrap_err(), Refused::ShuttingDown);
     }
 
     #[tokio::test]

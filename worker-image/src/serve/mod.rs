@@ -172,7 +172,7 @@ async fn call(State(server): State<Arc<Server>>, headers: HeaderMap, body: Body)
     let output = match called {
         Ok(output) => output,
         Err(refused) => {
-            let body = PoolRefusal { error: refused.to_string(), reason: refused.reason() };
+            let body = PoolRefusal { error: refused.to_string(), reason: refused };
             let mut response = (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return response;
