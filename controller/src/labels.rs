@@ -23,9 +23,9 @@ pub const OWNER: &str = "toolyard.dev/owner";
 /// The McpServer (object name) a Deployment, Service or pod runs.
 pub const SERVER: &str = "toolyard.dev/server";
 /// What a Deployment, Service or pod is (`pool`, `mcp-server`).
-pub const COMPONENT: &str = "toolyard.dev/component";
+pub const COMPONENT: &str = toolyard_api::protocol::pool::COMPONENT_LABEL;
 /// Value of [`COMPONENT`] for warm pools.
-pub const COMPONENT_POOL: &str = "pool";
+pub const COMPONENT_POOL: &str = toolyard_api::protocol::pool::COMPONENT;
 /// Value of [`COMPONENT`] for McpServers Toolyard runs.
 pub const COMPONENT_MCP_SERVER: &str = "mcp-server";
 

@@ -168,6 +168,21 @@ pub mod pool {
         pub const QUEUE: &str = "TOOLYARD_POOL_QUEUE";
     }
 
+    /// Suffix of the name of a Pool-mode McpTool's Deployment and Service.
+    pub const SERVICE_SUFFIX: &str = "-pool";
+    /// Name of the serving port of the pool's Service (and of its pods' container port).
+    pub const PORT_NAME: &str = "http";
+    /// Label on the pool's Deployment, pods and Service (Kubernetes copies a Service's labels
+    /// to its EndpointSlices), with the value [`COMPONENT`].
+    pub const COMPONENT_LABEL: &str = "toolyard.dev/component";
+    /// Value of [`COMPONENT_LABEL`] on a warm pool's objects.
+    pub const COMPONENT: &str = "pool";
+
+    /// Name of the Deployment and Service of the warm pool of McpTool `mcptool`.
+    pub fn service_name(mcptool: &str) -> String {
+        format!("{mcptool}{SERVICE_SUFFIX}")
+    }
+
     /// Purpose string for deriving the key of one pool from the shared signing key.
     pub fn key_purpose(namespace: &str, mcptool: &str) -> String {
         format!("pool/{namespace}/{mcptool}")

@@ -445,6 +445,8 @@ async fn helm_install_gives_a_working_release_on_the_real_apiserver() {
         (&release_ns, "list", "", "secrets", "", false),
         (&release_ns, "create", "coordination.k8s.io", "leases", "", true),
         (&served, "create", "coordination.k8s.io", "leases", "", false),
+        (&served, "watch", "discovery.k8s.io", "endpointslices", "", true),
+        (&served, "create", "discovery.k8s.io", "endpointslices", "", false),
         (&served, "create", "rbac.authorization.k8s.io", "rolebindings", "", false),
     ] {
         let (resource, subresource) = resource.split_once('/').map_or((resource, None), |(r, s)| (r, Some(s)));

@@ -351,6 +351,14 @@ async fn scenario(install: &mut Install) {
     // chart lets it write: other replicas count them against the user's limit.
     let leases = kubectl(&["-n", &install.ns, "get", "leases", "-l", "toolyard.dev/gateway-load", "-o", "name"]);
     assert_eq!(leases.lines().count(), 1, "one load Lease per gateway replica: {leases}");
+    // The gateway sends pool calls to the pool's ready pods, which it follows in the
+    // EndpointSlices Kubernetes makes for the pool's Service (they carry its labels), with the
+    // read access the chart gives it.
+    let selector = "toolyard.dev/component=pool,kubernetes.io/service-name=get-quote-pool";
+    let slices = kubectl(&["-n", &install.team, "get", "endpointslices", "-l", selector, "-o", "name"]);
+    assert_eq!(slices.lines().count(), 1, "the pool Service's EndpointSlice: {slices}");
+    let logs = kubectl(&["-n", &install.ns, "logs", &format!("deployment/{}-gateway", install.release)]);
+    assert!(!logs.contains("EndpointSlice watch failed"), "{logs}");
     eprintln!(
         "helm install to the first successful call: {:.1} s (price_option {:.2} s, get_quote {:.2} s)",
         install.install_to_first_call.unwrap_or_default(),

@@ -10,14 +10,16 @@ use std::process::Stdio;
 use gateway_support::{
     Gateway, Options, create_tool, grant_call, grant_platform, set_tool_status, signing_key, toolcalls,
 };
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use toolyard_api::OwnerKey;
 use toolyard_api::protocol::CallResult;
-use toolyard_api::protocol::pool::key_purpose;
-use toolyard_api::token::SigningKey;
+use toolyard_api::protocol::pool::{self, PoolCallRequest, key_purpose};
+use toolyard_api::token::{Claims, RunKind, SigningKey};
 use toolyard_tests::local::{self, TempDir};
-use toolyard_tests::{TestEnv, User};
+use toolyard_tests::{TestEnv, User, wait_until};
 
 /// A running `toolyard-runner serve` for `function` of the misbehaving fixtures.
 struct PoolServer {
@@ -32,11 +34,16 @@ async fn start_pool(key: &SigningKey, function: &str) -> PoolServer {
 
 /// [`start_pool`] with more `toolyard-runner serve` flags.
 async fn start_pool_with(key: &SigningKey, function: &str, flags: &[&str]) -> PoolServer {
+    start_pool_on("127.0.0.1", key, function, flags).await
+}
+
+/// [`start_pool_with`] listening on `host`.
+async fn start_pool_on(host: &str, key: &SigningKey, function: &str, flags: &[&str]) -> PoolServer {
     let dir = TempDir::new("gw-pool");
     let key_file = dir.path().join("pool.key");
     std::fs::write(&key_file, key.to_hex()).expect("key file");
     let mut child = tokio::process::Command::new(local::binary("toolyard-runner"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--key-file"])
+        .args(["serve", "--host", host, "--port", "0", "--key-file"])
         .arg(&key_file)
         .args(flags)
         .arg("--")
@@ -341,4 +348,114 @@ async fn a_call_that_gives_its_place_in_a_full_pool_queue_to_another_callers_is_
         assert_ne!(answered.is_error, Some(true), "{}", text_of(&answered));
     }
     bob.cancel().await.ok();
+}
+
+/// An EndpointSlice of pool Service `service`, as Kubernetes makes it for one ready pod
+/// serving at `endpoint` (`http://<ip>:<port>`).
+fn pool_slice(name: &str, service: &str, endpoint: &str) -> EndpointSlice {
+    let addr: std::net::SocketAddr = endpoint.trim_start_matches("http://").parse().expect("pool address");
+    serde_json::from_value(json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "labels": {
+            "kubernetes.io/service-name": service,
+            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            pool::COMPONENT_LABEL: pool::COMPONENT,
+        }},
+        "addressType": "IPv4",
+        "ports": [{"name": pool::PORT_NAME, "port": addr.port(), "protocol": "TCP"}],
+        "endpoints": [{"addresses": [addr.ip().to_string()], "conditions": {"ready": true}}],
+    }))
+    .expect("EndpointSlice")
+}
+
+/// Takes pool `endpoint`'s one slot with a call of its own for `seconds` (not through the
+/// gateway, as another replica's call would).
+fn occupy(endpoint: &str, key: &SigningKey, ns: &str, seconds: f64) -> tokio::task::JoinHandle<reqwest::StatusCode> {
+    let owner = toolyard_api::Owner { issuer: "apikey".into(), user: "carol".into(), groups: vec![] };
+    let exp = jiff::Timestamp::now().as_second() + 600;
+    let token = key.sign(&Claims { kind: RunKind::Call, ns: ns.into(), id: "occupier".into(), owner, exp });
+    let request = PoolCallRequest {
+        id: "occupier".into(),
+        arguments: json!({"seconds": seconds}).as_object().expect("object").clone(),
+        timeout_ms: 30_000,
+        traceparent: None,
+        caller: None,
+    };
+    let url = format!("{endpoint}{}", pool::CALL_PATH);
+    tokio::spawn(async move {
+        let sent = reqwest::Client::new().post(url).bearer_auth(token).json(&request).send().await;
+        sent.expect("the occupying call").status()
+    })
+}
+
+#[tokio::test]
+async fn pool_calls_go_to_the_pod_with_room_and_a_pod_that_refuses_passes_them_on() {
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("gwpoolpods").await.expect("namespace");
+    grant_platform(&ns).await;
+    let key = signing_key().derive(&key_purpose(&ns, "hold"));
+    // Two pods of one slot and no queue each, where the test cluster's pods would be: on the
+    // host's address (an EndpointSlice may not list a loopback one).
+    let host = env.host_ip().to_string();
+    let flags = ["--concurrency", "1", "--queue", "0"];
+    let (a, b) = (start_pool_on(&host, &key, "hang", &flags).await, start_pool_on(&host, &key, "hang", &flags).await);
+    create_tool(&ns, "hold", pool_spec("hold", json!({"seconds": {"type": "number"}}), &[]), true).await;
+    // Without the EndpointSlices, every call would go to this one pod.
+    set_tool_status(&ns, "hold", true, Some(&a.endpoint)).await;
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client(User::Admin).await, &ns);
+    let service = pool::service_name("hold");
+    for (name, pod) in [("hold-pool-a", &a), ("hold-pool-b", &b)] {
+        slices.create(&PostParams::default(), &pool_slice(name, &service, &pod.endpoint)).await.expect("EndpointSlice");
+    }
+    grant_call(&ns, "callers", &[], &["alice"], &[]).await;
+    gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("hold")).await;
+    let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
+    let alice = std::sync::Arc::new(gw.client(User::Alice).await);
+    let hold = |seconds: f64| {
+        let params = json!({"seconds": seconds}).as_object().expect("object").clone();
+        rmcp::model::CallToolRequestParams::new("hold").with_arguments(params)
+    };
+    let spawn = |seconds: f64| {
+        let alice = std::sync::Arc::clone(&alice);
+        tokio::spawn(async move { alice.call_tool(hold(seconds)).await })
+    };
+    let answered = |r: Result<rmcp::model::CallToolResult, rmcp::ServiceError>| {
+        let r = r.expect("answered");
+        assert_ne!(r.is_error, Some(true), "{}", text_of(&r));
+    };
+
+    // Pod a busy with a call the gateway does not know of (another replica's, say). Once the
+    // gateway has seen the pods (its watch may start after its first calls, which then go to
+    // the status's endpoint, pod a, and are refused), calls are answered by pod b.
+    let occupier = occupy(&a.endpoint, &key, &ns, 10.0);
+    local::wait_pool_load(&a.endpoint, 1, 0).await;
+    wait_until(std::time::Duration::from_secs(30), "a call answered while pod a is busy", || async {
+        Ok(alice.call_tool(hold(0.0)).await.is_ok_and(|r| r.is_error != Some(true)))
+    })
+    .await
+    .expect("the gateway reaches pod b");
+    // To the gateway both pods are free, and it takes them in turn: of two calls, one tries pod
+    // a first, which refuses it, and pod b runs it.
+    for _ in 0..2 {
+        answered(alice.call_tool(hold(0.0)).await);
+    }
+    assert!(!occupier.is_finished(), "pod a was busy throughout (else the calls above may have gone to it)");
+    assert_eq!(occupier.await.expect("join"), reqwest::StatusCode::OK);
+
+    // Two calls at once: one on each pod.
+    let (first, second) = (spawn(2.0), spawn(2.0));
+    local::wait_pool_load(&a.endpoint, 1, 0).await;
+    local::wait_pool_load(&b.endpoint, 1, 0).await;
+    // A third finds every pod full: refused as busy.
+    match alice.call_tool(hold(0.0)).await.expect_err("no pod has room") {
+        rmcp::ServiceError::McpError(e) => {
+            assert_eq!(e.code, toolyard_gateway::mcp::errors::SERVER_BUSY, "{e:?}");
+            assert!(e.message.contains("the tool's warm pool is at capacity"), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    answered(first.await.expect("join"));
+    answered(second.await.expect("join"));
+    drop(alice);
 }

@@ -9,8 +9,9 @@
 {{/*
 What the gateway may do in a namespace it serves: read McpTools, McpServers and McpPrompts, create and
 follow the runs it starts for callers, record results in their status and its own
-connection in McpServers' status. It reads no Secret of the namespace but those listed in
-gateway.upstreamCredentialSecrets (and sends one to a server only if it is labelled for
+connection in McpServers' status, and follow the warm pools' ready pods (EndpointSlices) to
+send each pool call to a pod with room. It reads no Secret of the namespace but those listed
+in gateway.upstreamCredentialSecrets (and sends one to a server only if it is labelled for
 it), and never touches Jobs or pods.
 */}}
 {{- define "toolyard.gateway.rules" -}}
@@ -33,6 +34,9 @@ it), and never touches Jobs or pods.
 - apiGroups: ["toolyard.dev"]
   resources: ["toolcalls/status", "codingtasks/status"]
   verbs: ["patch"]
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["get", "list", "watch"]
 {{- end }}
 
 {{- define "toolyard.gateway.tlsSecretName" -}}

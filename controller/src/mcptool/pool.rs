@@ -25,13 +25,13 @@ const KIND: &str = "McpTool";
 /// Key of the derived key in the pool's Secret.
 pub const KEY_KEY: &str = "key";
 /// Name of the serving port.
-const PORT_NAME: &str = "http";
+const PORT_NAME: &str = pool::PORT_NAME;
 /// Extra seconds a pool pod gets beyond the tool's timeout to finish in-flight calls on shutdown.
 const DRAIN_SECONDS: i64 = 5;
 
 /// Name of a tool's pool Deployment and Service.
 pub fn pool_name(tool: &str) -> String {
-    format!("{tool}{POOL_SUFFIX}")
+    pool::service_name(tool)
 }
 
 /// Name of the Secret with a pool's derived key.

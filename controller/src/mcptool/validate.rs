@@ -35,7 +35,7 @@ impl fmt::Display for Invalid {
 }
 
 /// Suffix of a pool's Deployment and Service names.
-pub const POOL_SUFFIX: &str = "-pool";
+pub const POOL_SUFFIX: &str = toolyard_api::protocol::pool::SERVICE_SUFFIX;
 
 /// Checks an McpTool named `object_name`.
 pub fn check(object_name: &str, spec: &McpToolSpec) -> Result<(), Invalid> {

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use toolyard_api::conditions::{self, reason};
 use toolyard_api::mcptool::ExecutionMode;
-use toolyard_api::protocol::pool::key_purpose;
+use toolyard_api::protocol::pool::{self, key_purpose};
 use toolyard_api::protocol::{CallErrorKind, CallResult};
 use toolyard_api::storage::{CallFile, RunId, call_key};
 use toolyard_api::token::SigningKey;
@@ -38,7 +38,8 @@ use toolyard_api::{GATEWAY_MANAGER, OwnerKey, ToolCall, ToolCallSpec};
 
 use super::events::{self, ProgressHub};
 use super::load::{LoadSettings, PoolLoad};
-use super::pool::{CallRecords, PoolClient, PoolTarget, call_file, run_pool_call};
+use super::pool::{CallRecords, PoolClient, PoolTarget, Route, call_file, run_pool_call};
+use super::pool_pods::PoolPods;
 use super::running::{REPLICA_LABEL, RunningElsewhere};
 use super::{CallRequest, CallState, Executor, Forgotten, ResultRecorder};
 use crate::catalog::kube::Namespaces;
@@ -175,6 +176,7 @@ pub struct KubeExecutor {
     running: Arc<RunningElsewhere>,
     load: Arc<PoolLoad>,
     pool: PoolClient,
+    pool_pods: Arc<PoolPods>,
     records: Arc<CallRecords>,
     signing_key: Option<SigningKey>,
     settings: KubeExecutorSettings,
@@ -206,6 +208,7 @@ impl KubeExecutor {
         let running = Arc::new(RunningElsewhere::new(replica.clone()));
         let load = PoolLoad::new(replica);
         load.start(client.clone(), settings.load.clone(), shutdown.clone());
+        let pool_pods = PoolPods::start(&client, namespaces, &shutdown);
         for (stream, api) in namespaces.apis::<ToolCall>(&client).into_iter().enumerate() {
             let waiters = waiters.clone();
             let running = running.clone();
@@ -244,6 +247,7 @@ impl KubeExecutor {
             running,
             load,
             pool,
+            pool_pods,
             records,
             signing_key,
             settings,
@@ -394,8 +398,13 @@ impl KubeExecutor {
         };
         let pool_key = key.derive(&key_purpose(&tool.namespace, &tool.object_name));
         let _counted = self.load.enter(&request.caller.owner_key());
-        let target =
-            PoolTarget { endpoint: &endpoint, key: &pool_key, namespace: &tool.namespace, grace: self.settings.grace };
+        let service = pool::service_name(&tool.object_name);
+        let route = if self.pool_pods.seen(&tool.namespace, &service) {
+            Route::Pods { pods: &self.pool_pods, namespace: &tool.namespace, service: &service }
+        } else {
+            Route::Url(&endpoint)
+        };
+        let target = PoolTarget { route, key: &pool_key, namespace: &tool.namespace, grace: self.settings.grace };
         run_pool_call(&self.pool, &self.records, target, request).await
     }
 

@@ -19,6 +19,7 @@ pub mod kube;
 pub mod load;
 pub mod local;
 pub mod pool;
+pub mod pool_pods;
 pub mod running;
 
 /// Everything an executor needs for one call. Arguments are already validated.

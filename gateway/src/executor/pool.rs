@@ -2,7 +2,8 @@
 //! or a local warm worker in embedded mode.
 //!
 //! [`PoolClient`] is the HTTP client (`POST` [`pool::CALL_PATH`] with a call token signed by
-//! the pool's derived key). [`run_pool_call`] is a whole call: it calls the pool and has
+//! the pool's derived key). [`run_pool_call`] is a whole call: it calls the pool (on
+//! Kubernetes, one pod after another while they refuse it: [`Route::Pods`]) and has
 //! [`CallRecords`] store the input, result and logs under the caller's prefix, as a Job
 //! call's files.
 //!
@@ -26,6 +27,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use toolyard_api::OwnerKey;
 
+use super::pool_pods::PoolPods;
 use super::{CallRequest, events};
 use crate::store::ArtifactStore;
 use crate::store::events::EventLogs;
@@ -172,9 +174,15 @@ pub enum PoolError {
     /// No answer before the deadline.
     #[error("the warm pool did not answer in time")]
     TimedOut,
-    /// Connection failed.
+    /// No connection could be made: the call was not sent.
+    #[error("the warm pool is unreachable: {0}")]
+    NotConnected(String),
+    /// The connection failed after the call may have been sent.
     #[error("the warm pool is unreachable: {0}")]
     Unreachable(String),
+    /// The pool's EndpointSlices list no ready pod.
+    #[error("the warm pool has no ready pod")]
+    NoReadyPod,
     /// The pool refused the call token (HTTP 401/403): the keys do not match.
     #[error("the warm pool refused the call token (HTTP {0})")]
     Refused(u16),
@@ -214,6 +222,7 @@ impl PoolClient {
         let mut response = match sent {
             Ok(r) => r,
             Err(e) if e.is_timeout() => return Err(PoolError::TimedOut),
+            Err(e) if e.is_connect() => return Err(PoolError::NotConnected(without_url(&e))),
             Err(e) => return Err(PoolError::Unreachable(without_url(&e))),
         };
         let status = response.status();
@@ -265,11 +274,77 @@ fn without_url(e: &reqwest::Error) -> String {
     text
 }
 
+/// Where a pool call goes.
+#[derive(Debug)]
+pub enum Route<'a> {
+    /// One base URL (such as the pool's Service, `http://pool.ns.svc:8080`).
+    Url(&'a str),
+    /// The ready pods behind Service `service` of `namespace`: the one with the fewest of this
+    /// replica's calls first, then the next while they refuse the call or cannot be reached.
+    Pods {
+        /// The pods of every pool.
+        pods: &'a Arc<PoolPods>,
+        /// The pool's namespace.
+        namespace: &'a str,
+        /// The pool's Service.
+        service: &'a str,
+    },
+}
+
+impl Route<'_> {
+    /// Posts the call on this route. On [`Route::Pods`] a pod that did not run it hands it to
+    /// the next; when every pod did, the refusal that says the most is returned.
+    async fn post(
+        &self,
+        client: &PoolClient,
+        token: &str,
+        request: &PoolCallRequest,
+        timeout: Duration,
+    ) -> Result<PoolCallResponse, PoolError> {
+        let (pods, namespace, service) = match self {
+            Route::Url(url) => return client.call(url, token, request, timeout).await,
+            Route::Pods { pods, namespace, service } => (pods, namespace, service),
+        };
+        let deadline = Instant::now() + timeout;
+        let mut tried = Vec::new();
+        let mut refused = PoolError::NoReadyPod;
+        while let Some(pod) = pods.choose(namespace, service, &tried) {
+            tried.push(pod.addr());
+            let left = deadline.saturating_duration_since(Instant::now());
+            match client.call(&pod.url(), token, request, left).await {
+                Err(e @ (PoolError::NotRun(_) | PoolError::NotConnected(_))) => {
+                    tracing::debug!(pod = %pod.addr(), error = %e, "a pool pod did not run the call; trying another");
+                    if says_more(&e, &refused) {
+                        refused = e;
+                    }
+                }
+                answered => return answered,
+            }
+        }
+        Err(refused)
+    }
+}
+
+/// Whether refusal `a` tells the caller more than `b`: that their own calls filled a queue,
+/// then that the pool is busy, then that it is shutting down, then that it is unreachable.
+fn says_more(a: &PoolError, b: &PoolError) -> bool {
+    fn rank(e: &PoolError) -> u8 {
+        match e {
+            PoolError::NotRun(Refused::PushedOut) => 4,
+            PoolError::NotRun(Refused::Busy) => 3,
+            PoolError::NotRun(Refused::ShuttingDown) => 2,
+            PoolError::NotConnected(_) => 1,
+            _ => 0,
+        }
+    }
+    rank(a) > rank(b)
+}
+
 /// Everything a pool call needs besides the request.
 #[derive(Debug)]
 pub struct PoolTarget<'a> {
-    /// Base URL of the pool.
-    pub endpoint: &'a str,
+    /// Where the call goes.
+    pub route: Route<'a>,
     /// The pool's derived key (`SigningKey::derive(&pool::key_purpose(ns, mcptool))`).
     pub key: &'a SigningKey,
     /// Namespace recorded in the token (empty in embedded mode).
@@ -311,7 +386,7 @@ pub async fn run_pool_call(
     let started = Instant::now();
     let outcome = tokio::select! {
         () = request.cancel.cancelled() => None,
-        r = client.call(target.endpoint, &token, &body, timeout + target.grace) => Some(r),
+        r = target.route.post(client, &token, &body, timeout + target.grace) => Some(r),
     };
     let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let mut files = Vec::new();
@@ -338,6 +413,9 @@ pub async fn run_pool_call(
         Some(Err(e @ PoolError::Refused(_))) => {
             tracing::error!(error = %e, "pool refused the gateway's call token; are the signing keys the same?");
             return Err(Error::Internal(e.to_string()));
+        }
+        Some(Err(PoolError::NoReadyPod)) => {
+            return Err(Error::Unavailable("the tool's warm pool has no ready pod; try again shortly".into()));
         }
         Some(Err(e)) => {
             tracing::warn!(error = %e, "pool call failed");
@@ -418,6 +496,22 @@ mod tests {
 
     use super::*;
     use crate::store::{Chunk, ObjectInfo};
+
+    #[test]
+    fn when_every_pod_refuses_the_caller_gets_the_refusal_that_says_the_most() {
+        let order = [
+            PoolError::NotRun(Refused::PushedOut),
+            PoolError::NotRun(Refused::Busy),
+            PoolError::NotRun(Refused::ShuttingDown),
+            PoolError::NotConnected("refused".into()),
+            PoolError::NoReadyPod,
+        ];
+        for (i, a) in order.iter().enumerate() {
+            for (j, b) in order.iter().enumerate() {
+                assert_eq!(says_more(a, b), i < j, "{a:?} against {b:?}");
+            }
+        }
+    }
 
     /// A store whose writes take a while (in memory; only `put` and `get` are used).
     #[derive(Default)]

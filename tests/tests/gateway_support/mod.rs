@@ -210,6 +210,8 @@ pub async fn grant_platform(ns: &str) {
             rule(&["toolyard.dev"], &["codingtasks/status"], &["patch"]),
             // Each replica's warm-pool calls in flight (executor::load).
             rule(&["coordination.k8s.io"], &["leases"], &["create", "get", "list", "watch", "patch", "delete"]),
+            // The warm pools' pods (executor::pool_pods).
+            rule(&["discovery.k8s.io"], &["endpointslices"], &["get", "list", "watch"]),
         ],
         vec![user_subject(User::Gateway.name())],
     )
