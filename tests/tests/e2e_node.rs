@@ -19,10 +19,11 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use coding_support::{Client, MODEL_ID, MODEL_KEY, call, call_in_trace, connect_with, structured, text_of};
+use coding_support::{Client, MODEL_ID, MODEL_KEY, call, call_in_trace, call_text, connect_with, structured, text_of};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Map, Value, json};
 use tokio::process::{Child, Command};
@@ -382,6 +383,7 @@ async fn scenario(install: &mut Install) {
         timed("mcp_server_in_the_cluster", mcp_server_in_the_cluster(install)).await;
         timed("missing_image", missing_image(install)).await;
         timed("cancellation_kills_the_pod", cancellation_kills_the_pod(install)).await;
+        timed("pool_of_two_pods", pool_of_two_pods(install)).await;
     };
     tokio::join!(scripted, unscripted);
     // Deletes the leading controller pod: last, alone.
@@ -813,6 +815,53 @@ async fn missing_image(install: &Install) {
     )
     .expect("Succeeded condition");
     assert_eq!(condition.reason, toolyard_api::conditions::reason::IMAGE_PULL_FAILED, "{}", text_of(&failed));
+}
+
+/// A warm pool of two pods of one slot and no queue each: calls made two at a time are all
+/// answered. The gateway finds the pods in the EndpointSlice Kubernetes keeps for the pool's
+/// Service, sends each call to a pod with room, and a pod that is full passes the call on.
+/// (Through the Service, the two calls' connections could both reach one pod, which would
+/// refuse one of them as busy.)
+async fn pool_of_two_pods(install: &Install) {
+    kubectl_apply(
+        &install.team,
+        "apiVersion: toolyard.dev/v1alpha1\nkind: McpTool\nmetadata:\n  name: hold-pair\nspec:\n  name: hold_pair\n  \
+         description: Sleep, on a pool of two pods of one slot each.\n  inputSchema:\n    type: object\n    \
+         properties: {seconds: {type: number}}\n  runtime:\n    image: ghcr.io/toolyard/test-misbehaving:0.1.0\n    \
+         command: [python3, -m, toolyard.run, \"misbehaving:hang\"]\n  execution:\n    mode: Pool\n    \
+         timeoutSeconds: 60\n    pool: {replicas: 2, concurrency: 1, queue: 0, reuseProcess: true}\n",
+    );
+    let slices = Api::<EndpointSlice>::namespaced(TestEnv::get().client(User::Admin).await, &install.team);
+    let listed = ListParams::default().labels("kubernetes.io/service-name=hold-pair-pool,toolyard.dev/component=pool");
+    wait_until(Duration::from_secs(180), "two ready pods in the pool's EndpointSlice", || async {
+        let ready = slices
+            .list(&listed)
+            .await?
+            .items
+            .iter()
+            .flat_map(|s| &s.endpoints)
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+            .count();
+        Ok(ready == 2)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let (one, two) = (install.client().await, install.client().await);
+    let hold = |seconds: f64| json!({"seconds": seconds});
+    // The catalog and the gateway's EndpointSlice watch follow the objects: a first call may
+    // find the tool not listed yet.
+    wait_until(Duration::from_secs(60), "a first call of hold_pair answered", || async {
+        Ok(call_text(&one, "hold_pair", hold(0.0)).await.contains("slept"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    for _ in 0..3 {
+        let (a, b) = tokio::join!(call(&one, "hold_pair", hold(1.0)), call(&two, "hold_pair", hold(1.0)));
+        for answer in [a, b] {
+            assert_ne!(answer.is_error, Some(true), "{}", text_of(&answer));
+        }
+    }
+    kubectl(&["-n", &install.team, "delete", "mcptool", "hold-pair"]);
 }
 
 /// `notifications/cancelled` for a running call: the ToolCall is cancelled and its pod is killed.
