@@ -68,6 +68,39 @@ impl Namespaces {
     }
 }
 
+/// Follows each API in `apis` with a watch (kube's default backoff) until `shutdown`, passing
+/// each event to `on_event` with the index of its watch in `apis`. `what` names the kind in
+/// the log of a failed watch.
+pub fn watch_each<K>(
+    apis: Vec<Api<K>>,
+    config: &watcher::Config,
+    what: &'static str,
+    shutdown: &CancellationToken,
+    on_event: impl Fn(usize, Event<K>) + Send + Sync + 'static,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let on_event = Arc::new(on_event);
+    for (index, api) in apis.into_iter().enumerate() {
+        let on_event = Arc::clone(&on_event);
+        let shutdown = shutdown.clone();
+        let mut events = watcher::watcher(api, config.clone()).default_backoff().boxed();
+        tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    event = events.next() => event,
+                };
+                match event {
+                    Some(Ok(event)) => on_event(index, event),
+                    Some(Err(e)) => tracing::warn!(error = %e, "{what} watch failed; retrying with backoff"),
+                    None => return,
+                }
+            }
+        });
+    }
+}
+
 /// Keeps one reflector store per API in `apis` current (a watch each, with kube's default
 /// backoff) until `shutdown`, and calls `changed` with every store after each change, except
 /// while a watch (re)lists. `what` names the kind in the log of a failed watch.
@@ -164,24 +197,10 @@ impl KubeCatalog {
             snapshot: RwLock::new(Snapshot::default()),
             version: watch::channel(0).0,
         });
-        for (index, api) in apis.into_iter().enumerate() {
-            let shared = shared.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-                loop {
-                    let event = tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        event = events.next() => event,
-                    };
-                    match event {
-                        Some(Ok(event)) => shared.apply(index, event),
-                        Some(Err(e)) => tracing::warn!(error = %e, "McpTool watch failed; retrying with backoff"),
-                        None => return,
-                    }
-                }
-            });
-        }
+        let applied = shared.clone();
+        watch_each(apis, &watcher::Config::default(), "McpTool", &shutdown, move |index, event| {
+            applied.apply(index, event);
+        });
         let bump = shared.clone();
         let prompts = DeclaredPrompts::watch(namespaces.apis(&client), shutdown, move || {
             bump.version.send_modify(|v| *v += 1);

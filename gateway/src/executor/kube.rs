@@ -18,10 +18,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -42,7 +40,7 @@ use super::pool::{CallRecords, PoolClient, PoolTarget, Route, call_file, run_poo
 use super::pool_pods::PoolPods;
 use super::running::{REPLICA_LABEL, RunningElsewhere};
 use super::{CallRequest, CallState, Executor, Forgotten, ResultRecorder};
-use crate::catalog::kube::Namespaces;
+use crate::catalog::kube::{Namespaces, watch_each};
 use crate::store::ArtifactStore;
 use crate::{Error, Result};
 
@@ -209,36 +207,21 @@ impl KubeExecutor {
         let load = PoolLoad::new(replica);
         load.start(client.clone(), settings.load.clone(), shutdown.clone());
         let pool_pods = PoolPods::start(&client, namespaces, &shutdown);
-        for (stream, api) in namespaces.apis::<ToolCall>(&client).into_iter().enumerate() {
-            let waiters = waiters.clone();
-            let running = running.clone();
-            let shutdown = shutdown.clone();
-            tokio::spawn(async move {
-                let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
-                loop {
-                    let event = tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        event = events.next() => event,
-                    };
-                    if let Some(Ok(event)) = &event {
-                        running.observe(stream, event);
-                    }
-                    match event {
-                        Some(Ok(Event::Apply(tc) | Event::InitApply(tc))) => {
-                            let ns = tc.namespace().unwrap_or_default();
-                            let name = tc.name_any();
-                            waiters.notify(&ns, &name, Seen::Object(Arc::new(tc)));
-                        }
-                        Some(Ok(Event::Delete(tc))) => {
-                            waiters.notify(&tc.namespace().unwrap_or_default(), &tc.name_any(), Seen::Deleted);
-                        }
-                        Some(Ok(Event::Init | Event::InitDone)) => {}
-                        Some(Err(e)) => tracing::warn!(error = %e, "ToolCall watch failed; retrying with backoff"),
-                        None => return,
-                    }
+        let (notified, counted) = (waiters.clone(), running.clone());
+        let apis = namespaces.apis::<ToolCall>(&client);
+        watch_each(apis, &watcher::Config::default(), "ToolCall", &shutdown, move |stream, event| {
+            counted.observe(stream, &event);
+            match event {
+                Event::Apply(tc) | Event::InitApply(tc) => {
+                    let (ns, name) = (tc.namespace().unwrap_or_default(), tc.name_any());
+                    notified.notify(&ns, &name, Seen::Object(Arc::new(tc)));
                 }
-            });
-        }
+                Event::Delete(tc) => {
+                    notified.notify(&tc.namespace().unwrap_or_default(), &tc.name_any(), Seen::Deleted);
+                }
+                Event::Init | Event::InitDone => {}
+            }
+        });
         let records = Arc::new(CallRecords::new(Arc::clone(&store)));
         Self {
             client,

@@ -16,15 +16,13 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use toolyard_api::protocol::pool;
 
-use crate::catalog::kube::Namespaces;
+use crate::catalog::kube::{Namespaces, watch_each};
 
 /// The label Kubernetes puts on an EndpointSlice to name its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -77,26 +75,16 @@ impl PoolPods {
     pub fn start(client: &Client, namespaces: &Namespaces, shutdown: &CancellationToken) -> Arc<Self> {
         let pods = Arc::new(Self::default());
         let config = watcher::Config::default().labels(&format!("{}={}", pool::COMPONENT_LABEL, pool::COMPONENT));
-        for (stream, api) in namespaces.apis::<EndpointSlice>(client).into_iter().enumerate() {
-            let pods = Arc::clone(&pods);
-            let shutdown = shutdown.clone();
-            let mut events = watcher::watcher(api, config.clone()).default_backoff().boxed();
-            tokio::spawn(async move {
-                loop {
-                    let event = tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        event = events.next() => event,
-                    };
-                    match event {
-                        Some(Ok(event)) => pods.observe(stream, &event),
-                        Some(Err(e)) => {
-                            tracing::warn!(error = %e, "EndpointSlice watch failed (warm pool calls go to their Service meanwhile); retrying with backoff");
-                        }
-                        None => return,
-                    }
-                }
-            });
-        }
+        let observer = Arc::clone(&pods);
+        watch_each(
+            namespaces.apis::<EndpointSlice>(client),
+            &config,
+            "EndpointSlice",
+            shutdown,
+            move |stream, event| {
+                observer.observe(stream, &event);
+            },
+        );
         pods
     }
 
