@@ -8,6 +8,14 @@
 //! (release images: the gateway and the pool pod's runner are what a release runs).
 //! `TOOLYARD_BENCH_CLIENTS` (default `1,8,32`), `TOOLYARD_BENCH_SECONDS` (default 10) per cell.
 //!
+//! `TOOLYARD_BENCH_AGAINST=service` compares instead two ways the gateway reaches a warm pool of
+//! two pods (2 slots each, `TOOLYARD_BENCH_POOL_QUEUE` waiting, default 0: a pool sized to its
+//! load), in the same run, through the same gateway pod: the pods themselves, found in the
+//! pool Service's EndpointSlice (each call to the pod with the fewest of the gateway's calls,
+//! a pod that is full passing it on), and the pool's Service, which is what the gateway did
+//! before and still does where it may not read EndpointSlices: the second team namespace's
+//! gateway Role has that rule removed before the gateway (re)starts. Default clients `2,4,8`.
+//!
 //! Everything runs as a user installs it: `helm install` of the chart with the kind
 //! walkthrough's values (one gateway replica) and its development S3 server, the example's
 //! `price_option` McpTool switched to a warm pool (1 pod, 2 reused worker processes, a queue
@@ -139,7 +147,45 @@ struct Target {
     name: &'static str,
     endpoint: loadgen::Endpoint,
     tool: &'static str,
+    call: Call,
     cgroups: Vec<PodCgroup>,
+}
+
+/// What a target's clients send, and which answers count.
+#[derive(Clone, Copy)]
+enum Call {
+    /// `price_option`: only the right price counts.
+    Price,
+    /// The misbehaving fixtures' `hang` for [`HOLD_SECONDS`]: only `slept` counts.
+    Hold,
+}
+
+/// How long each call of [`Call::Hold`] takes in the function.
+const HOLD_SECONDS: f64 = 0.05;
+
+impl Call {
+    fn body(self, tool: &str, id: u64) -> Vec<u8> {
+        match self {
+            Call::Price => call_body(tool, id),
+            Call::Hold => serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                "params": {"name": tool, "arguments": {"seconds": HOLD_SECONDS}}})
+            .to_string()
+            .into_bytes(),
+        }
+    }
+
+    fn counts(self, answer: &loadgen::Answer) -> bool {
+        match self {
+            Call::Price => priced(answer),
+            Call::Hold => {
+                answer.json_text().and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok()).is_some_and(|a| {
+                    let result = &a["result"];
+                    result["isError"] != true
+                        && result["content"][0]["text"].as_str().is_some_and(|t| t.contains("slept"))
+                })
+            }
+        }
+    }
 }
 
 struct Cell {
@@ -168,15 +214,16 @@ fn settle(storage: &PodCgroup) {
 }
 
 async fn run_cell(target: &Target, storage: &PodCgroup, clients: usize, seconds: f64) -> Cell {
-    let (endpoint, tool, cgroups, storage) =
-        (target.endpoint.clone(), target.tool, target.cgroups.clone(), storage.clone());
+    let (endpoint, tool, call, cgroups, storage) =
+        (target.endpoint.clone(), target.tool, target.call, target.cgroups.clone(), storage.clone());
     tokio::task::spawn_blocking(move || {
         // A short warm-up at this concurrency first (connections, the pool's workers).
-        loadgen::run(&endpoint, clients, 1.0, move |id| call_body(tool, id), priced);
+        loadgen::run(&endpoint, clients, 1.0, move |id| call.body(tool, id), move |a| call.counts(a));
         settle(&storage);
         let cpu = |cgroups: &[PodCgroup]| cgroups.iter().map(PodCgroup::cpu_usec).collect::<Vec<_>>();
         let (before, storage_before) = (cpu(&cgroups), storage.cpu_usec());
-        let measured = loadgen::run(&endpoint, clients, seconds, move |id| call_body(tool, id), priced);
+        let measured =
+            loadgen::run(&endpoint, clients, seconds, move |id| call.body(tool, id), move |a| call.counts(a));
         // The cell's last records are written after it: their CPU counts too.
         settle(&storage);
         let (after, storage_used) = (cpu(&cgroups), storage.cpu_usec() - storage_before);
@@ -204,13 +251,13 @@ fn sdk_pod() -> Pod {
 }
 
 /// Waits until one correct answer comes back from `endpoint`.
-async fn wait_answers(endpoint: &loadgen::Endpoint, tool: &'static str, what: &str) {
+async fn wait_answers(endpoint: &loadgen::Endpoint, tool: &'static str, call: Call, what: &str) {
     let endpoint = endpoint.clone();
     wait_until(Duration::from_secs(120), what, || {
         let endpoint = endpoint.clone();
         async move {
             Ok(tokio::task::spawn_blocking(move || {
-                loadgen::Connection::new(endpoint).post(&call_body(tool, 0)).is_ok_and(|a| priced(&a))
+                loadgen::Connection::new(endpoint).post(&call.body(tool, 0)).is_ok_and(|a| call.counts(&a))
             })
             .await?)
         }
@@ -221,6 +268,9 @@ async fn wait_answers(endpoint: &loadgen::Endpoint, tool: &'static str, what: &s
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if std::env::var("TOOLYARD_BENCH_AGAINST").is_ok_and(|v| v == "service") {
+        return against_service().await;
+    }
     let seconds: f64 = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
     let clients: Vec<usize> = std::env::var("TOOLYARD_BENCH_CLIENTS")
         .unwrap_or_else(|_| "1,8,32".into())
@@ -270,9 +320,10 @@ async fn main() {
         endpoint: loadgen::Endpoint::mcp(&format!("http://{}:8443/mcp", pod_ip(&gateway)), Some(&token))
             .with_host(GATEWAY_HOST),
         tool: "price_option",
+        call: Call::Price,
         cgroups: vec![PodCgroup::of(&gateway), PodCgroup::of(&pool_pod)],
     };
-    wait_answers(&toolyard.endpoint, toolyard.tool, "the gateway's first priced answer").await;
+    wait_answers(&toolyard.endpoint, toolyard.tool, toolyard.call, "the gateway's first priced answer").await;
     wait_until(Duration::from_secs(120), "the SDK server's pod running", || {
         let pods = pods.clone();
         async move { Ok(pods.get("sdk-pricing").await?.status.and_then(|s| s.phase).as_deref() == Some("Running")) }
@@ -284,9 +335,10 @@ async fn main() {
         name: "Python SDK server (pod)",
         endpoint: loadgen::Endpoint::mcp(&format!("http://{}:{SDK_PORT}/mcp", pod_ip(&sdk_pod)), None),
         tool: "price_option",
+        call: Call::Price,
         cgroups: vec![PodCgroup::of(&sdk_pod)],
     };
-    wait_answers(&sdk.endpoint, sdk.tool, "the SDK server's first priced answer").await;
+    wait_answers(&sdk.endpoint, sdk.tool, sdk.call, "the SDK server's first priced answer").await;
 
     let storage = PodCgroup::of(&running_pod(&ns, "toolyard-s3-").await);
     println!("\nprice_option on the test node, {seconds} s per cell (only answers with the right price count):");
@@ -325,6 +377,158 @@ async fn main() {
             ty.p99_ms / sdk.p99_ms,
             sdk.cpu_us_per_call / ty.cpu_us_per_call,
             sdk.cpu_us_per_call / (ty.cpu_us_per_call + ty.storage_us_per_call)
+        );
+    }
+    drop(made);
+}
+
+/// The pods of `ns` whose names start with `prefix`, running and not being deleted.
+async fn running_pods(ns: &str, prefix: &str) -> Vec<Pod> {
+    let pods = Api::<Pod>::namespaced(TestEnv::get().client(User::Admin).await, ns);
+    let list = pods.list(&ListParams::default()).await.expect("pods").items;
+    list.into_iter()
+        .filter(|p| {
+            p.metadata.name.as_deref().is_some_and(|n| n.starts_with(prefix))
+                && p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+        .collect()
+}
+
+/// `TOOLYARD_BENCH_AGAINST=service`: a warm pool of two pods reached through its pods against
+/// through its Service (see the module's comment).
+async fn against_service() {
+    let seconds: f64 = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
+    let clients: Vec<usize> = std::env::var("TOOLYARD_BENCH_CLIENTS")
+        .unwrap_or_else(|_| "2,4,8".into())
+        .split(',')
+        .map(|n| n.trim().parse().expect("TOOLYARD_BENCH_CLIENTS: numbers separated by commas"))
+        .collect();
+    let queue: u32 = std::env::var("TOOLYARD_BENCH_POOL_QUEUE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let env = TestEnv::get();
+    env.install_crds().await.expect("CRDs");
+    let ns = env.namespace("bench-system").await.expect("namespace");
+    let pods_team = env.namespace("bench-pods").await.expect("namespace");
+    let service_team = env.namespace("bench-service").await.expect("namespace");
+    let mut made = Made { namespaces: vec![ns.clone(), pods_team.clone(), service_team.clone()], release: None };
+    for n in [&ns, &pods_team, &service_team] {
+        kubectl(&["label", "namespace", n, "pod-security.kubernetes.io/enforce=restricted"]);
+    }
+    chart::deploy_dev_s3(&ns).unwrap_or_else(|e| panic!("{e:#}"));
+    let sets = [
+        "gateway.tls.plainHttp=true".to_owned(),
+        format!("gateway.allowedHosts={{{GATEWAY_HOST}}}"),
+        format!("watchNamespaces={{{pods_team},{service_team}}}"),
+    ];
+    let release = made.release.insert(chart::install(&ns, &pods_team, &sets).unwrap_or_else(|e| panic!("{e:#}")));
+
+    // Where the gateway may not read EndpointSlices, it calls the pool's Service, as before.
+    let role = format!("{}-gateway", release.name);
+    let mut gateway_role: serde_json::Value =
+        serde_json::from_str(&kubectl(&["-n", &service_team, "get", "role", &role, "-o", "json"])).expect("Role");
+    gateway_role["rules"]
+        .as_array_mut()
+        .expect("rules")
+        .retain(|r| !r["resources"].as_array().is_some_and(|rs| rs.iter().any(|x| x == "endpointslices")));
+    gateway_role["metadata"].as_object_mut().expect("metadata").remove("resourceVersion");
+    let dir = toolyard_tests::local::TempDir::new("bench-role");
+    let file = dir.path().join("role.json");
+    std::fs::write(&file, gateway_role.to_string()).expect("role file");
+    kubectl(&["-n", &service_team, "replace", "-f", file.to_str().expect("utf-8")]);
+
+    // The misbehaving fixtures' `hang` as a warm pool of 2 pods: a function that takes 50 ms,
+    // so that the pool's slots, not the gateway, bound the calls.
+    let tool = |name: &str| {
+        format!(
+            "apiVersion: toolyard.dev/v1alpha1\nkind: McpTool\nmetadata:\n  name: hold\nspec:\n  name: {name}\n  \
+             description: Sleep.\n  inputSchema:\n    type: object\n    properties: {{seconds: {{type: number}}}}\n  \
+             runtime:\n    image: {}\n    command: [python3, -m, toolyard.run, \"misbehaving:hang\"]\n  \
+             execution:\n    mode: Pool\n    timeoutSeconds: 30\n    \
+             pool: {{replicas: 2, concurrency: 2, queue: {queue}, reuseProcess: true}}\n",
+            images::MISBEHAVING
+        )
+    };
+    for (team, name) in [(&pods_team, "hold"), (&service_team, "hold_via_service")] {
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, tool(name)).expect("tool file");
+        kubectl(&["-n", team, "apply", "-f", file.to_str().expect("utf-8")]);
+        chart::wait_tools_ready(team).await.unwrap_or_else(|e| panic!("{e:#}"));
+    }
+    // The gateway starts its EndpointSlice watches again, under the Roles as they are now.
+    kubectl(&["-n", &ns, "rollout", "restart", &format!("deployment/{role}")]);
+    kubectl(&["-n", &ns, "rollout", "status", &format!("deployment/{role}"), "--timeout=120s"]);
+
+    let mut tokens = Vec::new();
+    for team in [&pods_team, &service_team] {
+        kubectl(&["-n", team, "create", "serviceaccount", "quant"]);
+        let role = format!("--clusterrole={}-tool-caller", release.name);
+        let sa = format!("--serviceaccount={team}:quant");
+        kubectl(&["-n", team, "create", "rolebinding", "quant-tool-caller", &role, &sa]);
+        tokens.push(kubectl(&["-n", team, "create", "token", "quant", "--audience", "toolyard"]).trim().to_owned());
+    }
+    let prefix = format!("{}-gateway-", release.name);
+    wait_until(Duration::from_secs(120), "one gateway pod after the restart", || async {
+        Ok(running_pods(&ns, &prefix).await.len() == 1)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let gateways = running_pods(&ns, &prefix).await;
+    let gateway = &gateways[0];
+    let mut targets = Vec::new();
+    for (name, team, tool, token) in [
+        ("gateway -> pool pods (EndpointSlice)", &pods_team, "hold", &tokens[0]),
+        ("gateway -> pool Service (before)", &service_team, "hold_via_service", &tokens[1]),
+    ] {
+        let pool_pods = running_pods(team, "hold-pool-").await;
+        assert_eq!(pool_pods.len(), 2, "two pool pods in {team}");
+        let mut cgroups = vec![PodCgroup::of(gateway)];
+        cgroups.extend(pool_pods.iter().map(PodCgroup::of));
+        let endpoint = loadgen::Endpoint::mcp(&format!("http://{}:8443/mcp", pod_ip(gateway)), Some(token))
+            .with_host(GATEWAY_HOST);
+        wait_answers(&endpoint, tool, Call::Hold, &format!("the first answer of {tool}")).await;
+        targets.push(Target { name, endpoint, tool, call: Call::Hold, cgroups });
+    }
+    let logs = kubectl(&["-n", &ns, "logs", &format!("deployment/{role}")]);
+    assert!(logs.contains("EndpointSlice watch failed"), "the second namespace's watch is refused:\n{logs}");
+
+    let storage = PodCgroup::of(&running_pod(&ns, "toolyard-s3-").await);
+    println!(
+        "\na {HOLD_SECONDS} s function on a warm pool of 2 pods x 2 slots, queue {queue}, {seconds} s per \
+         cell (a refusal is an error):"
+    );
+    println!(
+        "{:<38} {:>7} {:>10} {:>9} {:>9} {:>9} {:>9} {:>18}",
+        "route", "clients", "calls/s", "errors/s", "p50 ms", "p99 ms", "errors", "CPU µs/call (gw+pods)"
+    );
+    let mut rows = Vec::new();
+    for &n in &clients {
+        let mut pair = Vec::new();
+        for target in &targets {
+            let cell = run_cell(target, &storage, n, seconds).await;
+            println!(
+                "{:<38} {:>7} {:>10.0} {:>9.1} {:>9.2} {:>9.2} {:>9} {:>18}",
+                target.name,
+                n,
+                cell.calls_per_second,
+                cell.errors as f64 / seconds,
+                cell.p50_ms,
+                cell.p99_ms,
+                cell.errors,
+                cell.cpu_split.iter().map(|us| format!("{us:.0}")).collect::<Vec<_>>().join("+"),
+            );
+            pair.push(cell);
+        }
+        rows.push((n, pair));
+    }
+    println!();
+    for (n, pair) in &rows {
+        let (pods, service) = (&pair[0], &pair[1]);
+        println!(
+            "clients {n}: pods / Service calls/s = {:.2}x; errors {} against {}; p99 Service / pods = {:.2}x",
+            pods.calls_per_second / service.calls_per_second,
+            pods.errors,
+            service.errors,
+            service.p99_ms / pods.p99_ms,
         );
     }
     drop(made);
