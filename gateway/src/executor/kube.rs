@@ -1,5 +1,5 @@
 //! [`Executor`] on Kubernetes: a ToolCall per call, run by the controller as a Job; Pool-mode
-//! tools are called on their warm pool directly ([`super::pool`]).
+//! tools are called on their warm pool's pods directly ([`super::pool`], [`super::pool_pods`]).
 //!
 //! A Job-mode call: the input goes to storage (`calls/<id>/input.json` under the caller's
 //! prefix); a ToolCall is created (name = call id, owner = the caller, input reference,
@@ -189,7 +189,8 @@ impl std::fmt::Debug for KubeExecutor {
 }
 
 impl KubeExecutor {
-    /// Starts the shared ToolCall watch over `namespaces` and this replica's [`PoolLoad`]
+    /// Starts the shared ToolCall watch over `namespaces`, the watch of their warm pools' pods
+    /// ([`PoolPods`]) and this replica's [`PoolLoad`]
     /// (stopped by `shutdown`). `signing_key` signs Pool-mode call tokens (pool calls fail
     /// clearly without it).
     pub fn start(
