@@ -114,27 +114,15 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    let mut stores = Vec::new();
-    let mut streams = Vec::new();
-    for api in apis {
-        let (reader, writer) = reflector::store();
-        stores.push(reader);
-        streams.push(watcher::watcher(api, watcher::Config::default()).default_backoff().reflect(writer).boxed());
-    }
-    let mut events = futures::stream::select_all(streams);
-    let watched = stores.clone();
-    tokio::spawn(async move {
-        loop {
-            let event = tokio::select! {
-                () = shutdown.cancelled() => return,
-                event = events.next() => event,
-            };
-            match event {
-                None => return,
-                Some(Err(e)) => tracing::warn!(error = %e, "watching {what} failed; retrying"),
-                Some(Ok(Event::Init | Event::InitApply(_))) => {}
-                Some(Ok(_)) => changed(&watched),
-            }
+    let (stores, writers): (Vec<Store<K>>, Vec<_>) = apis.iter().map(|_| reflector::store()).unzip();
+    // One lock for the writers and `changed`: watches of different namespaces take turns.
+    let reflected = Mutex::new((writers, changed, stores.clone()));
+    watch_each(apis, &watcher::Config::default(), what, &shutdown, move |index, event| {
+        let mut guard = reflected.lock().unwrap_or_else(|e| e.into_inner());
+        let (writers, changed, stores) = &mut *guard;
+        writers[index].apply_watcher_event(&event);
+        if !matches!(event, Event::Init | Event::InitApply(_)) {
+            changed(stores);
         }
     });
     stores
