@@ -271,12 +271,7 @@ async fn main() {
     if std::env::var("TOOLYARD_BENCH_AGAINST").is_ok_and(|v| v == "service") {
         return against_service().await;
     }
-    let seconds: f64 = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
-    let clients: Vec<usize> = std::env::var("TOOLYARD_BENCH_CLIENTS")
-        .unwrap_or_else(|_| "1,8,32".into())
-        .split(',')
-        .map(|n| n.trim().parse().expect("TOOLYARD_BENCH_CLIENTS: numbers separated by commas"))
-        .collect();
+    let (seconds, clients) = cells("1,8,32");
     let env = TestEnv::get();
     env.install_crds().await.expect("CRDs");
     let ns = env.namespace("bench-system").await.expect("namespace");
@@ -297,18 +292,7 @@ async fn main() {
     chart::wait_tools_ready(&team).await.unwrap_or_else(|e| panic!("{e:#}"));
 
     // A caller: ServiceAccount quant with the chart's tool-caller role.
-    kubectl(&["-n", &team, "create", "serviceaccount", "quant"]);
-    let role = format!("--clusterrole={}-tool-caller", release.name);
-    kubectl(&[
-        "-n",
-        &team,
-        "create",
-        "rolebinding",
-        "quant-tool-caller",
-        &role,
-        &format!("--serviceaccount={team}:quant"),
-    ]);
-    let token = kubectl(&["-n", &team, "create", "token", "quant", "--audience", "toolyard"]).trim().to_owned();
+    let token = caller_token(&team, &release.name);
 
     let pods = Api::<Pod>::namespaced(env.client(User::Admin).await, &team);
     pods.create(&PostParams::default(), &sdk_pod()).await.expect("create the SDK server's pod");
@@ -398,12 +382,7 @@ async fn running_pods(ns: &str, prefix: &str) -> Vec<Pod> {
 /// `TOOLYARD_BENCH_AGAINST=service`: a warm pool of two pods reached through its pods against
 /// through its Service (see the module's comment).
 async fn against_service() {
-    let seconds: f64 = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
-    let clients: Vec<usize> = std::env::var("TOOLYARD_BENCH_CLIENTS")
-        .unwrap_or_else(|_| "2,4,8".into())
-        .split(',')
-        .map(|n| n.trim().parse().expect("TOOLYARD_BENCH_CLIENTS: numbers separated by commas"))
-        .collect();
+    let (seconds, clients) = cells("2,4,8");
     let queue: u32 = std::env::var("TOOLYARD_BENCH_POOL_QUEUE").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let env = TestEnv::get();
     env.install_crds().await.expect("CRDs");
@@ -458,14 +437,7 @@ async fn against_service() {
     kubectl(&["-n", &ns, "rollout", "restart", &format!("deployment/{role}")]);
     kubectl(&["-n", &ns, "rollout", "status", &format!("deployment/{role}"), "--timeout=120s"]);
 
-    let mut tokens = Vec::new();
-    for team in [&pods_team, &service_team] {
-        kubectl(&["-n", team, "create", "serviceaccount", "quant"]);
-        let role = format!("--clusterrole={}-tool-caller", release.name);
-        let sa = format!("--serviceaccount={team}:quant");
-        kubectl(&["-n", team, "create", "rolebinding", "quant-tool-caller", &role, &sa]);
-        tokens.push(kubectl(&["-n", team, "create", "token", "quant", "--audience", "toolyard"]).trim().to_owned());
-    }
+    let tokens = [caller_token(&pods_team, &release.name), caller_token(&service_team, &release.name)];
     let prefix = format!("{}-gateway-", release.name);
     wait_until(Duration::from_secs(120), "one gateway pod after the restart", || async {
         Ok(running_pods(&ns, &prefix).await.len() == 1)
@@ -532,4 +504,26 @@ async fn against_service() {
         );
     }
     drop(made);
+}
+
+/// Seconds per cell (`TOOLYARD_BENCH_SECONDS`, default 10) and the client counts
+/// (`TOOLYARD_BENCH_CLIENTS`, else `default`).
+fn cells(default: &str) -> (f64, Vec<usize>) {
+    let seconds = std::env::var("TOOLYARD_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(10.0);
+    let clients = std::env::var("TOOLYARD_BENCH_CLIENTS")
+        .unwrap_or_else(|_| default.into())
+        .split(',')
+        .map(|n| n.trim().parse().expect("TOOLYARD_BENCH_CLIENTS: numbers separated by commas"))
+        .collect();
+    (seconds, clients)
+}
+
+/// A caller: ServiceAccount `quant` of `team` with release `release`'s `tool-caller` role, and
+/// a token of it for the gateway (audience `toolyard`).
+fn caller_token(team: &str, release: &str) -> String {
+    kubectl(&["-n", team, "create", "serviceaccount", "quant"]);
+    let role = format!("--clusterrole={release}-tool-caller");
+    let sa = format!("--serviceaccount={team}:quant");
+    kubectl(&["-n", team, "create", "rolebinding", "quant-tool-caller", &role, &sa]);
+    kubectl(&["-n", team, "create", "token", "quant", "--audience", "toolyard"]).trim().to_owned()
 }

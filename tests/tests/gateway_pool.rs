@@ -74,6 +74,12 @@ fn pool_spec(name: &str, properties: Value, required: &[&str]) -> Value {
     })
 }
 
+/// A call of `tool` (the fixtures' `hang`) for `seconds`.
+fn sleep_for(tool: &str, seconds: f64) -> rmcp::model::CallToolRequestParams {
+    let params = json!({"seconds": seconds}).as_object().expect("object").clone();
+    rmcp::model::CallToolRequestParams::new(tool.to_owned()).with_arguments(params)
+}
+
 fn text_of(result: &rmcp::model::CallToolResult) -> String {
     result.content.iter().filter_map(|c| c.as_text().map(|t| t.text.clone())).collect::<Vec<_>>().join("\n")
 }
@@ -316,10 +322,7 @@ async fn a_call_that_gives_its_place_in_a_full_pool_queue_to_another_callers_is_
     }
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
     let (alice, bob) = (std::sync::Arc::new(gw.client(User::Alice).await), gw.client(User::Bob).await);
-    let hang = |seconds: f64| {
-        let params = json!({"seconds": seconds}).as_object().expect("object").clone();
-        rmcp::model::CallToolRequestParams::new("hang_pool").with_arguments(params)
-    };
+    let hang = |seconds: f64| sleep_for("hang_pool", seconds);
     let load = |running, waiting| local::wait_pool_load(&pool.endpoint, running, waiting);
     let spawn = |seconds: f64| {
         let alice = std::sync::Arc::clone(&alice);
@@ -412,10 +415,7 @@ async fn pool_calls_go_to_the_pod_with_room_and_a_pod_that_refuses_passes_them_o
     gateway_support::wait_allowed("alice", &[], &ns, "toolyard.dev", "mcptools", "call", Some("hold")).await;
     let gw = Gateway::start(std::slice::from_ref(&ns), Options::default()).await;
     let alice = std::sync::Arc::new(gw.client(User::Alice).await);
-    let hold = |seconds: f64| {
-        let params = json!({"seconds": seconds}).as_object().expect("object").clone();
-        rmcp::model::CallToolRequestParams::new("hold").with_arguments(params)
-    };
+    let hold = |seconds: f64| sleep_for("hold", seconds);
     let spawn = |seconds: f64| {
         let alice = std::sync::Arc::clone(&alice);
         tokio::spawn(async move { alice.call_tool(hold(seconds)).await })
